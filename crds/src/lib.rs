@@ -1,0 +1,1 @@
+//! Kubernetes API types: SealedVolume and SealedVolumeVersion (not built yet).

@@ -1,0 +1,1 @@
+//! CSI node plugin (not built yet).

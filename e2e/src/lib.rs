@@ -1,0 +1,1 @@
+//! Helpers that start or reuse the local cluster from `hack/cluster.sh`.

@@ -1,0 +1,1 @@
+//! Reconcilers for SealedVolume resources (not built yet).

@@ -1,0 +1,1 @@
+//! The sealed format.
