@@ -1,1 +1,211 @@
 //! Helpers that start or reuse the local cluster from `hack/cluster.sh`.
+//!
+//! Tests call [`cluster`] first. Unless `SEALED_E2E_CLUSTER=1` is set it prints why the
+//! test is skipped and returns `None`; with it set, it starts the cluster (or reuses a
+//! running one through its admin kubeconfig) and panics with the script's output if that
+//! fails, so CI fails loudly instead of passing without testing anything.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{DeleteParams, LogParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::wait::await_condition;
+use kube::{Api, Client, Config};
+
+/// The environment variable that turns the cluster tests on.
+pub const ENABLE_ENV: &str = "SEALED_E2E_CLUSTER";
+
+/// The busybox image `hack/images.sh base` imports (has `/bin/sh` and the usual applets).
+pub const BUSYBOX_IMAGE: &str = "sealed.local/busybox:v1";
+
+/// A running cluster and a client for it.
+#[derive(Clone)]
+pub struct Cluster {
+    /// A client with cluster-admin rights.
+    pub client: Client,
+    /// The admin kubeconfig, for `kubectl`/`helm` calls made by tests.
+    pub kubeconfig: PathBuf,
+}
+
+/// The repository root (the e2e crate's parent directory).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from(".."))
+}
+
+/// Where `hack/cluster.sh` keeps its state (same default and override as the script).
+pub fn cluster_dir() -> PathBuf {
+    std::env::var_os("SEALED_CLUSTER_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/lib/sealed-cluster"))
+}
+
+/// The admin kubeconfig written by `hack/cluster.sh up`.
+pub fn kubeconfig_path() -> PathBuf {
+    cluster_dir().join("admin.kubeconfig")
+}
+
+/// True when `SEALED_E2E_CLUSTER=1`.
+pub fn enabled() -> bool {
+    std::env::var(ENABLE_ENV).is_ok_and(|v| v == "1")
+}
+
+/// Returns the cluster, starting it if needed, or `None` (after printing a skip notice)
+/// when the cluster tests are not enabled.
+///
+/// # Panics
+/// When enabled but the cluster cannot be started or reached: that is a test failure.
+pub async fn cluster(test: &str) -> Option<Cluster> {
+    if !enabled() {
+        println!(
+            "{test}: skipped: set {ENABLE_ENV}=1 (hack/cluster.sh builds the cluster; needs root)"
+        );
+        return None;
+    }
+    match connect_or_start().await {
+        Ok(c) => Some(c),
+        Err(e) => panic!("{test}: the test cluster is not usable: {e:#}"),
+    }
+}
+
+/// Reuses a healthy cluster, or runs `hack/cluster.sh up` once per test process.
+pub async fn connect_or_start() -> Result<Cluster> {
+    let kubeconfig = kubeconfig_path();
+    if let Ok(c) = connect(&kubeconfig).await {
+        return Ok(c);
+    }
+    start_once()?;
+    connect(&kubeconfig).await
+}
+
+/// Tests in one binary run on parallel threads; only the first one runs the script.
+fn start_once() -> Result<()> {
+    static STARTED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    STARTED
+        .get_or_init(|| run_cluster_up().map_err(|e| format!("{e:#}")))
+        .clone()
+        .map_err(anyhow::Error::msg)
+}
+
+fn run_cluster_up() -> Result<()> {
+    let script = repo_root().join("hack/cluster.sh");
+    eprintln!("starting the test cluster: {} up", script.display());
+    // stderr is inherited so a cold build's progress and any failure show in the test log.
+    let out = Command::new(&script)
+        .arg("up")
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("cannot run {}", script.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} up failed ({}); see the log above and {}/logs",
+            script.display(),
+            out.status,
+            cluster_dir().display()
+        );
+    }
+    Ok(())
+}
+
+/// Builds a client from the kubeconfig and checks that the API server answers.
+pub async fn connect(kubeconfig: &Path) -> Result<Cluster> {
+    let kc = Kubeconfig::read_from(kubeconfig)
+        .with_context(|| format!("cannot read kubeconfig {}", kubeconfig.display()))?;
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .context("invalid kubeconfig")?;
+    let client = Client::try_from(config).context("cannot build a Kubernetes client")?;
+    client
+        .apiserver_version()
+        .await
+        .context("the API server does not answer")?;
+    Ok(Cluster {
+        client,
+        kubeconfig: kubeconfig.to_path_buf(),
+    })
+}
+
+impl Cluster {
+    /// Creates a namespace with a unique name starting with `prefix`.
+    pub async fn temp_namespace(&self, prefix: &str) -> Result<String> {
+        let ns: Namespace = serde_json::from_value(serde_json::json!({
+            "metadata": { "generateName": format!("{prefix}-") }
+        }))?;
+        let created = Api::<Namespace>::all(self.client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .with_context(|| format!("cannot create a namespace for {prefix}"))?;
+        created
+            .metadata
+            .name
+            .context("the API server returned a namespace without a name")
+    }
+
+    /// Deletes a namespace and does not wait for it to go.
+    pub async fn delete_namespace(&self, name: &str) -> Result<()> {
+        Api::<Namespace>::all(self.client.clone())
+            .delete(name, &DeleteParams::background())
+            .await
+            .with_context(|| format!("cannot delete namespace {name}"))?;
+        Ok(())
+    }
+
+    /// Creates `pod`, waits until it has succeeded or failed, and returns its phase and log.
+    pub async fn run_pod_to_completion(
+        &self,
+        namespace: &str,
+        pod: &Pod,
+        timeout: Duration,
+    ) -> Result<(String, String)> {
+        let pods = Api::<Pod>::namespaced(self.client.clone(), namespace);
+        let created = pods
+            .create(&PostParams::default(), pod)
+            .await
+            .context("cannot create the pod")?;
+        let name = created.metadata.name.context("created pod has no name")?;
+        let done = await_condition(pods.clone(), &name, |p: Option<&Pod>| {
+            matches!(pod_phase(p), Some("Succeeded" | "Failed"))
+        });
+        let finished = match tokio::time::timeout(timeout, done).await {
+            Ok(r) => r.context("watching the pod failed")?,
+            Err(_) => {
+                let state = pods.get(&name).await.ok().and_then(|p| p.status);
+                bail!("pod {namespace}/{name} did not finish within {timeout:?}; status: {state:?}")
+            }
+        };
+        let phase = pod_phase(finished.as_ref()).unwrap_or("Unknown").to_string();
+        let log = pods
+            .logs(&name, &LogParams::default())
+            .await
+            .with_context(|| format!("cannot read the log of pod {namespace}/{name}"))?;
+        Ok((phase, log))
+    }
+}
+
+fn pod_phase(p: Option<&Pod>) -> Option<&str> {
+    p?.status.as_ref()?.phase.as_deref()
+}
+
+/// A pod that runs `script` with `/bin/sh -c` in the busybox image, never restarted.
+pub fn busybox_pod(name: &str, script: &str) -> Result<Pod> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name },
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main",
+                "image": BUSYBOX_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", script],
+            }],
+        }
+    }))?)
+}

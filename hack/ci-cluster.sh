@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# What CI calls around the tests that need the real cluster.
+#
+#   hack/ci-cluster.sh up     install prerequisites, build (or reuse cached) binaries, start the
+#                             cluster; prints `export KUBECONFIG=...` and `export PATH=...` lines
+#   hack/ci-cluster.sh down   stop the cluster and fail if anything is left behind
+#
+# Typical use:  eval "$(hack/ci-cluster.sh up)"; trap 'hack/ci-cluster.sh down' EXIT
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+
+cmd_up() {
+  need_root "hack/ci-cluster.sh"
+  local start=$SECONDS bin kubeconfig
+  apt_ensure containerd runc containernetworking-plugins iptables conntrack umoci skopeo \
+    busybox-static openssl curl iproute2 util-linux
+  bin=$("$HACK_DIR/build-k8s.sh")
+  log "binaries ready in $((SECONDS - start))s: $bin"
+  kubeconfig=$("$HACK_DIR/cluster.sh" up | tail -n 1)
+  "$bin/kubectl" --kubeconfig "$kubeconfig" get nodes -o wide >&2
+  log "cluster ready in $((SECONDS - start))s"
+  # The cluster's own kubectl/helm/csi-sanity first on PATH: the system kubectl may be too old.
+  # shellcheck disable=SC2016 # $PATH is for the caller's eval to expand
+  printf 'export KUBECONFIG=%q\nexport PATH=%q:"$PATH"\n' "$kubeconfig" "$bin"
+}
+
+cmd_down() {
+  "$HACK_DIR/cluster.sh" down
+}
+
+case "${1:-}" in
+  up) cmd_up ;;
+  down) cmd_down ;;
+  *) sed -n '2,8p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac

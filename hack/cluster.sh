@@ -1,0 +1,503 @@
+#!/usr/bin/env bash
+# A real single-node Kubernetes for tests, with no Docker and no systemd.
+#
+#   hack/cluster.sh up [--control-plane-only]   start (or reuse) the cluster; waits until healthy
+#   hack/cluster.sh down                        stop everything it started and remove its state
+#   hack/cluster.sh status                      show processes and nodes; exit 1 if not healthy
+#   hack/cluster.sh kubeconfig                  print the admin kubeconfig path
+#
+# Control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler on loopback
+# (the API server listens on all addresses so pods can reach it through the node bridge).
+# Node: kubelet + kube-proxy driving Debian's containerd, runc and CNI bridge plugin.
+# Binaries come from hack/build-k8s.sh (cached); images from hack/images.sh.
+#
+# Env: SEALED_CLUSTER_DIR (state, default /var/lib/sealed-cluster), SEALED_KUBELET_DIR
+# (default /var/lib/kubelet, where CSI drivers expect it), SEALED_NODE_NAME (sealed-node).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+
+DIR="${SEALED_CLUSTER_DIR:-/var/lib/sealed-cluster}"
+KUBELET_DIR="${SEALED_KUBELET_DIR:-/var/lib/kubelet}"
+NODE_NAME="${SEALED_NODE_NAME:-sealed-node}"
+PKI="$DIR/pki"
+RUN="$DIR/run"
+LOGS="$DIR/logs"
+KUBECONFIG_ADMIN="$DIR/admin.kubeconfig"
+CONTAINERD_SOCK="$RUN/containerd.sock"
+
+# One bridge, one /24 for pods. The node's address lives on that bridge, so the
+# kubelet, the API server's advertised endpoint and the pods never leave this machine.
+BRIDGE=sealed0
+POD_CIDR=10.244.0.0/24
+NODE_IP=10.244.0.1
+SERVICE_CIDR=10.96.0.0/16
+SERVICE_IP=10.96.0.1
+ETCD_PORT=12379 # not 2379, so a developer's own etcd is left alone
+APISERVER_PORT=6443
+API_URL="https://127.0.0.1:$APISERVER_PORT"
+
+CONTROL_PLANE=(etcd kube-apiserver kube-controller-manager kube-scheduler)
+NODE_COMPONENTS=(containerd kubelet kube-proxy)
+
+usage() { sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
+
+# --- processes -------------------------------------------------------------
+
+pid_of() { [[ -f $RUN/$1.pid ]] && cat "$RUN/$1.pid"; }
+is_running() {
+  local pid
+  pid=$(pid_of "$1") || return 1
+  [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null
+}
+
+# start NAME CMD...: runs CMD in its own session, logs to $LOGS/NAME.log, records the pid.
+start() {
+  local name=$1
+  shift
+  is_running "$name" && { log "$name already running (pid $(pid_of "$name"))"; return 0; }
+  log "starting $name"
+  setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null &
+  echo $! >"$RUN/$name.pid"
+  sleep 0.2
+  is_running "$name" || die "$name exited at once; see $LOGS/$name.log:
+$(tail -n 20 "$LOGS/$name.log")"
+}
+
+# stop NAME: SIGTERM, then SIGKILL after 10 s; only the recorded pid is signalled.
+stop() {
+  local name=$1 pid
+  pid=$(pid_of "$name") || return 0
+  if [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; then
+    log "stopping $name (pid $pid)"
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -f "$RUN/$name.pid"
+}
+
+# --- certificates and kubeconfigs ------------------------------------------
+
+gen_key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
+
+gen_ca() {
+  gen_key "$PKI/ca.key"
+  openssl req -x509 -new -key "$PKI/ca.key" -days 3650 -subj "/CN=sealed-cluster-ca" \
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+    -out "$PKI/ca.crt" 2>/dev/null
+}
+
+# issue NAME SUBJECT EXT_KEY_USAGE [SANS]: a leaf certificate signed by the cluster CA.
+issue() {
+  local name=$1 subject=$2 eku=$3 sans=${4:-}
+  gen_key "$PKI/$name.key"
+  openssl req -new -key "$PKI/$name.key" -subj "$subject" -out "$PKI/$name.csr" 2>/dev/null
+  {
+    echo "basicConstraints=CA:FALSE"
+    echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    echo "extendedKeyUsage=$eku"
+    [[ -n $sans ]] && echo "subjectAltName=$sans"
+  } >"$PKI/$name.ext"
+  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial \
+    -days 3650 -extfile "$PKI/$name.ext" -out "$PKI/$name.crt" 2>/dev/null
+  rm -f "$PKI/$name.csr" "$PKI/$name.ext"
+}
+
+gen_pki() {
+  [[ -f $PKI/done ]] && return 0
+  log "generating certificates in $PKI"
+  mkdir -p "$PKI"
+  chmod 700 "$PKI"
+  gen_ca
+  issue kube-apiserver "/CN=kube-apiserver" serverAuth \
+    "DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,IP:127.0.0.1,IP:$SERVICE_IP,IP:$NODE_IP"
+  issue apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" clientAuth
+  issue admin "/O=system:masters/CN=sealed-admin" clientAuth
+  issue kube-controller-manager "/CN=system:kube-controller-manager" clientAuth
+  issue kube-scheduler "/CN=system:kube-scheduler" clientAuth
+  issue kube-proxy "/CN=system:kube-proxy" clientAuth
+  issue kubelet-client "/O=system:nodes/CN=system:node:$NODE_NAME" clientAuth
+  issue kubelet-server "/CN=$NODE_NAME" serverAuth "DNS:$NODE_NAME,DNS:localhost,IP:$NODE_IP,IP:127.0.0.1"
+  gen_key "$PKI/sa.key"
+  openssl pkey -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub"
+  touch "$PKI/done"
+}
+
+# kubeconfig FILE CERT_NAME: a kubeconfig with the credentials embedded, so it can be copied.
+kubeconfig() {
+  local file=$1 cert=$2
+  cat >"$file" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: sealed
+  cluster:
+    server: $API_URL
+    certificate-authority-data: $(base64 -w0 "$PKI/ca.crt")
+users:
+- name: $cert
+  user:
+    client-certificate-data: $(base64 -w0 "$PKI/$cert.crt")
+    client-key-data: $(base64 -w0 "$PKI/$cert.key")
+contexts:
+- name: sealed
+  context: {cluster: sealed, user: $cert}
+current-context: sealed
+EOF
+  chmod 600 "$file"
+}
+
+gen_kubeconfigs() {
+  kubeconfig "$KUBECONFIG_ADMIN" admin
+  local c
+  for c in kube-controller-manager kube-scheduler kube-proxy kubelet-client; do
+    kubeconfig "$DIR/$c.kubeconfig" "$c"
+  done
+}
+
+# --- control plane ---------------------------------------------------------
+
+kubectl_admin() { "$BIN/kubectl" --kubeconfig "$KUBECONFIG_ADMIN" "$@"; }
+
+start_control_plane() {
+  start etcd "$BIN/etcd" --name sealed --data-dir "$DIR/etcd" \
+    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+    --listen-peer-urls http://127.0.0.1:12380 --initial-advertise-peer-urls http://127.0.0.1:12380 \
+    --initial-cluster sealed=http://127.0.0.1:12380 --listen-metrics-urls http://127.0.0.1:12381 \
+    --quota-backend-bytes 2147483648 --log-level warn
+  wait_for etcd 60 curl -fsS "http://127.0.0.1:$ETCD_PORT/health" || die "etcd did not become healthy; see $LOGS/etcd.log"
+
+  start kube-apiserver "$BIN/kube-apiserver" \
+    --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+    --bind-address 0.0.0.0 --secure-port "$APISERVER_PORT" --advertise-address "$NODE_IP" \
+    --tls-cert-file "$PKI/kube-apiserver.crt" --tls-private-key-file "$PKI/kube-apiserver.key" \
+    --client-ca-file "$PKI/ca.crt" \
+    --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
+    --kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
+    --kubelet-certificate-authority "$PKI/ca.crt" --kubelet-preferred-address-types InternalIP \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
+    --service-cluster-ip-range "$SERVICE_CIDR" \
+    --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
+    --allow-privileged=true --profiling=false --v=1
+  wait_for kube-apiserver 180 kubectl_admin get --raw /readyz ||
+    die "kube-apiserver did not become ready; see $LOGS/kube-apiserver.log"
+
+  start kube-controller-manager "$BIN/kube-controller-manager" \
+    --kubeconfig "$DIR/kube-controller-manager.kubeconfig" \
+    --authentication-kubeconfig "$DIR/kube-controller-manager.kubeconfig" \
+    --authorization-kubeconfig "$DIR/kube-controller-manager.kubeconfig" \
+    --bind-address 127.0.0.1 --leader-elect=false --use-service-account-credentials \
+    --cluster-signing-cert-file "$PKI/ca.crt" --cluster-signing-key-file "$PKI/ca.key" \
+    --root-ca-file "$PKI/ca.crt" --service-account-private-key-file "$PKI/sa.key" \
+    --service-cluster-ip-range "$SERVICE_CIDR" --allocate-node-cidrs=false --v=1
+  start kube-scheduler "$BIN/kube-scheduler" \
+    --kubeconfig "$DIR/kube-scheduler.kubeconfig" \
+    --authentication-kubeconfig "$DIR/kube-scheduler.kubeconfig" \
+    --authorization-kubeconfig "$DIR/kube-scheduler.kubeconfig" \
+    --bind-address 127.0.0.1 --leader-elect=false --v=1
+
+  # Pods cannot be created before the default ServiceAccount and root CA ConfigMap exist.
+  wait_for "default ServiceAccount" 120 kubectl_admin -n default get serviceaccount default ||
+    die "no default ServiceAccount; see $LOGS/kube-controller-manager.log"
+  wait_for "kube-root-ca.crt" 60 kubectl_admin -n default get configmap kube-root-ca.crt ||
+    die "no kube-root-ca.crt ConfigMap; see $LOGS/kube-controller-manager.log"
+}
+
+# --- node ------------------------------------------------------------------
+
+setup_host() {
+  # Bidirectional mount propagation (the CSI plugin's mounts) needs a shared root.
+  mount --make-rshared /
+  if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+    ip link add "$BRIDGE" type bridge
+    ip addr add "$NODE_IP/24" dev "$BRIDGE"
+  fi
+  ip link set "$BRIDGE" up
+  mkdir -p "$DIR/cni/net.d" "$KUBELET_DIR" "$DIR/pod-logs"
+  # No masquerading and no forwarding changes: pods reach the node and each other only.
+  cat >"$DIR/cni/net.d/10-sealed.conflist" <<EOF
+{
+  "cniVersion": "0.4.0",
+  "name": "sealed",
+  "plugins": [
+    {
+      "type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+      "ipam": {
+        "type": "host-local", "dataDir": "$DIR/cni/ipam",
+        "ranges": [[{"subnet": "$POD_CIDR", "gateway": "$NODE_IP"}]],
+        "routes": [{"dst": "0.0.0.0/0"}]
+      }
+    },
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+EOF
+}
+
+start_containerd() {
+  mkdir -p "$DIR/containerd"
+  cat >"$DIR/containerd/config.toml" <<EOF
+version = 2
+root = "$DIR/containerd/root"
+state = "$DIR/containerd/state"
+[grpc]
+  address = "$CONTAINERD_SOCK"
+[ttrpc]
+  address = "$CONTAINERD_SOCK.ttrpc"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$DIR/containerd/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$PAUSE_IMAGE"
+  # This sandbox has no CAP_SYS_RESOURCE, so no process may lower its oom_score_adj
+  # (the pause container's -998 would make runc fail): clamp to containerd's own.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = "$DIR/containerd/runc"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$DIR/cni/net.d"
+EOF
+  start containerd /usr/bin/containerd --config "$DIR/containerd/config.toml"
+  wait_for containerd 60 ctr --address "$CONTAINERD_SOCK" version || die "containerd did not start; see $LOGS/containerd.log"
+}
+
+start_node() {
+  setup_host
+  start_containerd
+  log "importing base images"
+  SEALED_CLUSTER_DIR="$DIR" "$HACK_DIR/images.sh" base >/dev/null
+
+  cat >"$DIR/kubelet-config.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $NODE_IP
+readOnlyPort: 0
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $PKI/ca.crt}
+authorization: {mode: Webhook}
+tlsCertFile: $PKI/kubelet-server.crt
+tlsPrivateKeyFile: $PKI/kubelet-server.key
+containerRuntimeEndpoint: unix://$CONTAINERD_SOCK
+# This machine has cgroup v1, no systemd and no swap policy.
+cgroupDriver: cgroupfs
+failCgroupV1: false
+failSwapOn: false
+clusterDomain: cluster.local
+podCIDR: $POD_CIDR
+podLogsDir: $DIR/pod-logs
+# Shared build machines: never evict test pods or GC our imported images for disk pressure.
+evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+serializeImagePulls: false
+EOF
+  start kubelet "$BIN/kubelet" --config "$DIR/kubelet-config.yaml" \
+    --kubeconfig "$DIR/kubelet-client.kubeconfig" --root-dir "$KUBELET_DIR" \
+    --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" --v=1
+
+  cat >"$DIR/kube-proxy-config.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: $DIR/kube-proxy.kubeconfig}
+mode: iptables
+clusterCIDR: $POD_CIDR
+hostnameOverride: $NODE_NAME
+bindAddress: 127.0.0.1
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+nodePortAddresses: ["$NODE_IP/32"]
+conntrack: {maxPerCore: 0}
+EOF
+  start kube-proxy "$BIN/kube-proxy" --config "$DIR/kube-proxy-config.yaml"
+
+  wait_for "node $NODE_NAME to register" 120 kubectl_admin get node "$NODE_NAME" ||
+    die "the kubelet did not register; see $LOGS/kubelet.log"
+  kubectl_admin wait --for=condition=Ready "node/$NODE_NAME" --timeout=180s >/dev/null ||
+    die "node $NODE_NAME is not Ready; see $LOGS/kubelet.log and $LOGS/containerd.log"
+}
+
+# --- teardown --------------------------------------------------------------
+
+# Kills every container our containerd runs, then the shims that outlive containerd.
+stop_containers() {
+  if is_running containerd; then
+    local t
+    for t in $(ctr --address "$CONTAINERD_SOCK" -n k8s.io tasks ls -q 2>/dev/null); do
+      ctr --address "$CONTAINERD_SOCK" -n k8s.io tasks kill -s SIGKILL "$t" >/dev/null 2>&1 || true
+    done
+    sleep 1
+  fi
+  stop containerd
+  # Shims re-parent to init; ours are the ones whose command line names our socket.
+  local p
+  for p in /proc/[0-9]*; do
+    if tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -q -- "-address $CONTAINERD_SOCK "; then
+      kill -KILL "${p#/proc/}" 2>/dev/null || true
+    fi
+  done
+}
+
+unmount_under() {
+  local prefix=$1 m
+  # Deepest first; lazy only if a normal unmount fails.
+  { findmnt -rn -o TARGET | grep -E "^${prefix}(/|$)" || true; } | sort -r | while read -r m; do
+    umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || log "could not unmount $m"
+  done
+}
+
+cleanup_network() {
+  local ns
+  # Pod network namespaces that containerd's CNI setup pinned under /run/netns.
+  for ns in /run/netns/cni-*; do
+    [[ -e $ns ]] || continue
+    umount "$ns" 2>/dev/null || true
+    rm -f "$ns"
+  done
+  local veth
+  for veth in $(ip -o link show master "$BRIDGE" 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1); do
+    ip link del "$veth" 2>/dev/null || true
+  done
+  ip link del "$BRIDGE" 2>/dev/null || true
+  # Remove the kubelet's and kube-proxy's KUBE-* chains and rules, leave all else as it was.
+  local save restore
+  for save in iptables-save ip6tables-save; do
+    restore=${save/-save/-restore}
+    command -v "$save" >/dev/null || continue
+    if "$save" 2>/dev/null | grep -q 'KUBE-'; then
+      "$save" | grep -v -- 'KUBE-' | "$restore" || log "could not clean $save rules"
+    fi
+  done
+}
+
+# Empty kubepods cgroups the kubelet created (cgroup v1 has one tree per controller).
+cleanup_cgroups() {
+  local d
+  for d in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/*/kubepods.slice; do
+    [[ -d $d ]] || continue
+    find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+  done
+}
+
+cmd_down() {
+  need_root "hack/cluster.sh down"
+  [[ -d $DIR ]] || { log "no cluster state in $DIR"; }
+  local c
+  stop kube-proxy
+  stop kubelet
+  stop_containers
+  for c in kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$c"; done
+  unmount_under "$KUBELET_DIR"
+  unmount_under "$DIR"
+  cleanup_network
+  cleanup_cgroups
+  rm -rf "$KUBELET_DIR" "$DIR"
+  # containerd 1.6 keeps shim sockets and fifos under /run/containerd whatever its state
+  # dir is; remove them unless a system containerd is using that directory.
+  [[ -S /run/containerd/containerd.sock ]] || rm -rf /run/containerd
+  rmdir /run/netns 2>/dev/null || true
+  check_clean
+  log "cluster removed"
+}
+
+# Fails if anything the cluster made is still there: a process, a mount, a device.
+check_clean() {
+  local left=() p cmd bin
+  bin=$("$HACK_DIR/build-k8s.sh" --print-bin-dir)
+  for p in /proc/[0-9]*; do
+    cmd=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
+    [[ $cmd == *"$DIR/"* || $cmd == "$bin/"* ]] && left+=("process ${p#/proc/}: ${cmd:0:100}")
+  done
+  while read -r m; do
+    [[ -n $m ]] && left+=("mount $m")
+  done < <(findmnt -rn -o TARGET | grep -E "^($KUBELET_DIR|$DIR)(/|$)|^/run/netns/cni-" || true)
+  ip link show "$BRIDGE" >/dev/null 2>&1 && left+=("network device $BRIDGE")
+  ((${#left[@]} == 0)) && return 0
+  printf 'left behind: %s\n' "${left[@]}" >&2
+  die "hack/cluster.sh down did not clean up completely"
+}
+
+# --- up / status -----------------------------------------------------------
+
+healthy() {
+  local c
+  for c in "$@"; do is_running "$c" || return 1; done
+  kubectl_admin get --raw /readyz >/dev/null 2>&1
+}
+
+cmd_up() {
+  need_root "hack/cluster.sh up"
+  local node=1
+  case "${1:-}" in
+    --control-plane-only) node=0 ;;
+    "") ;;
+    *) usage ;;
+  esac
+  BIN=$("$HACK_DIR/build-k8s.sh")
+  PAUSE_IMAGE=$("$HACK_DIR/images.sh" pause-name)
+  local wanted=("${CONTROL_PLANE[@]}")
+  ((node)) && wanted+=("${NODE_COMPONENTS[@]}")
+  if [[ -f $KUBECONFIG_ADMIN ]] && healthy "${wanted[@]}"; then
+    log "cluster already up"
+    echo "$KUBECONFIG_ADMIN"
+    return 0
+  fi
+  # A half-started control plane is cheaper to restart than to repair.
+  if [[ -d $RUN ]] && ! healthy "${CONTROL_PLANE[@]}"; then
+    log "found a stale or partial cluster in $DIR; taking it down first"
+    cmd_down
+  fi
+  local start_s=$SECONDS
+  apt_ensure openssl curl iproute2 util-linux
+  ((node)) && apt_ensure containerd runc containernetworking-plugins iptables conntrack \
+    umoci skopeo busybox-static
+  mkdir -p "$RUN" "$LOGS"
+  gen_pki
+  gen_kubeconfigs
+  healthy "${CONTROL_PLANE[@]}" || start_control_plane
+  ((node)) && start_node
+  log "cluster up in $((SECONDS - start_s))s; export KUBECONFIG=$KUBECONFIG_ADMIN"
+  echo "$KUBECONFIG_ADMIN"
+}
+
+cmd_status() {
+  local c rc=0 pid
+  for c in "${CONTROL_PLANE[@]}" "${NODE_COMPONENTS[@]}"; do
+    pid=$(pid_of "$c" || true)
+    if is_running "$c"; then
+      printf '%-24s running (pid %s)\n' "$c" "$pid"
+    else
+      printf '%-24s not running\n' "$c"
+    fi
+  done
+  BIN=$("$HACK_DIR/build-k8s.sh" --print-bin-dir)
+  if [[ -x $BIN/kubectl && -f $KUBECONFIG_ADMIN ]] && kubectl_admin get --raw /readyz >/dev/null 2>&1; then
+    kubectl_admin get nodes -o wide 2>/dev/null || true
+  else
+    echo "API server: not reachable"
+    rc=1
+  fi
+  return $rc
+}
+
+main() {
+  local cmd=${1:-}
+  shift || true
+  case "$cmd" in
+    up) cmd_up "$@" ;;
+    down) cmd_down ;;
+    status) cmd_status ;;
+    kubeconfig) echo "$KUBECONFIG_ADMIN" ;;
+    *) usage ;;
+  esac
+}
+
+main "$@"

@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# Builds OCI images from local files without Docker (umoci + skopeo) and imports them
+# into the test cluster's containerd (namespace k8s.io), so pods run them with
+# imagePullPolicy Never/IfNotPresent.
+#
+#   hack/images.sh base                              build (cached) + import the pause and busybox images
+#   hack/images.sh binary NAME:TAG BINARY [SRC[:DEST]]...
+#                       a static binary on an empty base (at /BASENAME, the entrypoint), plus extra
+#                       files (DEST defaults to /basename of SRC); imported if the cluster runs
+#   hack/images.sh rootfs NAME:TAG DIR [ENTRYPOINT ARG...]   a directory as the image's root
+#   hack/images.sh import ARCHIVE...                 import docker-archive tarballs
+#   hack/images.sh pause-name | busybox-name         print the base image names
+#
+# Archives are written to $SEALED_CACHE/images/ and the path of each is printed on stdout.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+
+DIR="${SEALED_CLUSTER_DIR:-/var/lib/sealed-cluster}"
+CONTAINERD_SOCK="$DIR/run/containerd.sock"
+IMAGES="$SEALED_CACHE/images"
+PAUSE_IMAGE=sealed.local/pause:v1
+BUSYBOX_IMAGE=sealed.local/busybox:v1
+# Bump when the way base images are built changes, so cached archives are rebuilt.
+IMAGE_REV=2
+
+usage() { sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
+
+archive_path() { echo "$IMAGES/$(echo "$1" | tr '/:' '__').tar"; }
+
+# build_image NAME:TAG ROOTFS_DIR OUT_TAR [ENTRYPOINT ARG... | --cmd CMD...]: one layer holding ROOTFS_DIR.
+build_image() {
+  local ref=$1 rootfs=$2 out=$3
+  shift 3
+  [[ $ref == *:* ]] || die "image name '$ref' needs a tag (NAME:TAG)"
+  apt_ensure umoci skopeo
+  local tmp
+  tmp=$(mktemp -d)
+  # shellcheck disable=SC2064 # expand now: tmp is local
+  trap "rm -rf '$tmp'" RETURN
+  umoci init --layout "$tmp/oci"
+  umoci new --image "$tmp/oci:img"
+  umoci insert --image "$tmp/oci:img" "$rootfs" / >/dev/null
+  local cfg=(--config.env PATH=/usr/local/bin:/usr/bin:/bin:/ --config.workingdir /)
+  local a
+  if [[ ${1:-} == --cmd ]]; then
+    shift # a default command only, like Docker's busybox: `kubectl run -- sh -c ...` works
+    for a in "$@"; do cfg+=(--config.cmd "$a"); done
+  elif (($# > 0)); then
+    cfg+=(--config.entrypoint "$1")
+    shift
+    for a in "$@"; do cfg+=(--config.cmd "$a"); done
+  fi
+  umoci config --image "$tmp/oci:img" "${cfg[@]}"
+  mkdir -p "$(dirname "$out")"
+  rm -f "$out.part"
+  skopeo copy --quiet --insecure-policy "oci:$tmp/oci:img" "docker-archive:$out.part:$ref" >/dev/null
+  mv "$out.part" "$out"
+  log "built $ref -> $out"
+}
+
+cluster_running() { [[ -S $CONTAINERD_SOCK ]] && ctr --address "$CONTAINERD_SOCK" version >/dev/null 2>&1; }
+
+import() {
+  local tar
+  cluster_running || die "containerd of the test cluster is not running ($CONTAINERD_SOCK); run hack/cluster.sh up"
+  for tar in "$@"; do
+    [[ -f $tar ]] || die "no such archive: $tar"
+    ctr --address "$CONTAINERD_SOCK" -n k8s.io images import "$tar" >/dev/null ||
+      die "ctr could not import $tar"
+    log "imported $tar"
+  done
+}
+
+# Archives are rebuilt only when their inputs change: the key is a hash of the inputs.
+cached_archive() { echo "$IMAGES/$1-$2.tar"; }
+
+pause_archive() {
+  local bin key out root
+  bin="$("$HACK_DIR/build-k8s.sh")/pause"
+  key=$({ sha256sum "$bin"; echo "$IMAGE_REV"; } | sha256sum | cut -c1-12)
+  out=$(cached_archive pause "$key")
+  if [[ ! -f $out ]]; then
+    root=$(mktemp -d) && chmod 0755 "$root"
+    install -m 0755 "$bin" "$root/pause"
+    build_image "$PAUSE_IMAGE" "$root" "$out" /pause
+    rm -rf "$root"
+  fi
+  echo "$out"
+}
+
+busybox_archive() {
+  apt_ensure busybox-static
+  local key out root applet
+  key=$({ sha256sum /bin/busybox; echo "$IMAGE_REV"; } | sha256sum | cut -c1-12)
+  out=$(cached_archive busybox "$key")
+  if [[ ! -f $out ]]; then
+    root=$(mktemp -d) && chmod 0755 "$root"
+    mkdir -p "$root/bin" "$root/etc" "$root/tmp" "$root/root"
+    chmod 1777 "$root/tmp"
+    install -m 0755 /bin/busybox "$root/bin/busybox"
+    for applet in $(/bin/busybox --list); do
+      [[ $applet == busybox ]] || ln -sf busybox "$root/bin/$applet"
+    done
+    printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' >"$root/etc/passwd"
+    printf 'root:x:0:\nnogroup:x:65534:\n' >"$root/etc/group"
+    build_image "$BUSYBOX_IMAGE" "$root" "$out" --cmd /bin/sh
+    rm -rf "$root"
+  fi
+  echo "$out"
+}
+
+cmd_binary() {
+  (($# >= 2)) || usage
+  local ref=$1 bin=$2 root spec src dest out
+  shift 2
+  [[ -f $bin ]] || die "no such binary: $bin"
+  if file "$bin" 2>/dev/null | grep -q 'dynamically linked'; then
+    log "warning: $bin is dynamically linked; the image has no libc"
+  fi
+  root=$(mktemp -d) && chmod 0755 "$root"
+  install -m 0755 "$bin" "$root/$(basename "$bin")"
+  mkdir -p "$root/tmp" && chmod 1777 "$root/tmp"
+  for spec in "$@"; do
+    src=${spec%%:*}
+    dest=${spec#*:}
+    [[ $spec == *:* ]] || dest="/$(basename "$src")"
+    [[ -e $src ]] || die "no such file: $src"
+    mkdir -p "$root$(dirname "$dest")"
+    cp -a "$src" "$root$dest"
+  done
+  out=$(archive_path "$ref")
+  build_image "$ref" "$root" "$out" "/$(basename "$bin")"
+  rm -rf "$root"
+  cluster_running && import "$out"
+  echo "$out"
+}
+
+cmd_rootfs() {
+  (($# >= 2)) || usage
+  local ref=$1 dir=$2 out
+  shift 2
+  [[ -d $dir ]] || die "no such directory: $dir"
+  out=$(archive_path "$ref")
+  build_image "$ref" "$dir" "$out" "$@"
+  cluster_running && import "$out"
+  echo "$out"
+}
+
+main() {
+  local cmd=${1:-}
+  shift || true
+  case "$cmd" in
+    base)
+      local p b
+      p=$(pause_archive)
+      b=$(busybox_archive)
+      import "$p" "$b"
+      printf '%s\n%s\n' "$p" "$b"
+      ;;
+    binary) cmd_binary "$@" ;;
+    rootfs) cmd_rootfs "$@" ;;
+    import) (($# > 0)) || usage; import "$@" ;;
+    pause-name) echo "$PAUSE_IMAGE" ;;
+    busybox-name) echo "$BUSYBOX_IMAGE" ;;
+    *) usage ;;
+  esac
+}
+
+main "$@"

@@ -1,0 +1,44 @@
+# shellcheck shell=bash
+# Shared helpers for the hack/ scripts. Source it; it defines functions only.
+
+HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SEALED_CACHE="${SEALED_CACHE:-$HOME/.cache/sealed-volumes}"
+
+log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+need_root() {
+  [[ $(id -u) -eq 0 ]] || die "$1 must run as root (it starts containerd and the kubelet)"
+}
+
+# The version a tool module pins, read from its go.mod ("require MODULE vX").
+pinned_version() {
+  local dir=$1 module=$2
+  awk -v m="$module" '$1 == m && $2 ~ /^v/ { print $2; exit }
+                      $1 == "require" && $2 == m { print $3; exit }' "$HACK_DIR/tools/$dir/go.mod"
+}
+
+# Installs Debian packages that are missing; apt-get update only when needed.
+apt_ensure() {
+  local missing=() p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  ((${#missing[@]} == 0)) && return 0
+  command -v apt-get >/dev/null || die "missing packages ${missing[*]} and no apt-get to install them"
+  log "apt-get install ${missing[*]}"
+  apt-get update -qq >/dev/null || die "apt-get update failed"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null ||
+    die "apt-get install ${missing[*]} failed"
+}
+
+# Polls a command until it succeeds or the timeout (seconds) runs out.
+wait_for() {
+  local what=$1 timeout=$2
+  shift 2
+  local deadline=$((SECONDS + timeout))
+  until "$@" >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || { log "timed out after ${timeout}s waiting for $what"; return 1; }
+    sleep 1
+  done
+}
