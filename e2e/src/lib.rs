@@ -5,6 +5,7 @@
 //! running one through its admin kubeconfig) and panics with the script's output if that
 //! fails, so CI fails loudly instead of passing without testing anything.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -64,7 +65,10 @@ pub fn enabled() -> bool {
 /// When enabled but the cluster cannot be started or reached: that is a test failure.
 pub async fn cluster(test: &str) -> Option<Cluster> {
     if !enabled() {
-        println!(
+        // Straight to the stderr handle: the test harness captures `println!`/`eprintln!`
+        // of passing tests, and a skip should be visible without --nocapture.
+        let _ = writeln!(
+            std::io::stderr(),
             "{test}: skipped: set {ENABLE_ENV}=1 (hack/cluster.sh builds the cluster; needs root)"
         );
         return None;
@@ -180,7 +184,9 @@ impl Cluster {
                 bail!("pod {namespace}/{name} did not finish within {timeout:?}; status: {state:?}")
             }
         };
-        let phase = pod_phase(finished.as_ref()).unwrap_or("Unknown").to_string();
+        let phase = pod_phase(finished.as_ref())
+            .unwrap_or("Unknown")
+            .to_string();
         let log = pods
             .logs(&name, &LogParams::default())
             .await
