@@ -1,1 +1,77 @@
-fn main() {}
+//! `sealed`: publish a directory once as an immutable version named by its digest, and get it
+//! back anywhere. Installed as `kubectl-sealed` it is also a kubectl plugin.
+
+mod commands;
+mod context;
+mod output;
+
+use clap::{Parser, Subcommand};
+
+use crate::context::{Context, GlobalArgs};
+
+#[derive(Parser)]
+#[command(
+    name = "sealed",
+    version,
+    about = "Publish model data once; mount it anywhere by content digest",
+    after_help = "The store defaults to a local directory (~/.local/share/sealed-volumes/store); \
+                  set --store or SEALED_STORE for s3://, gs://, az:// or file:// stores."
+)]
+struct Cli {
+    #[command(flatten)]
+    global: GlobalArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Seal a directory as a version; prints its digest (uploads only new chunks)
+    Push(commands::push::PushArgs),
+    /// Materialise a version into a new directory, verifying every chunk
+    Pull(commands::pull::PullArgs),
+    /// Show a version's files, sizes and chunks
+    Inspect(commands::inspect::InspectArgs),
+    /// Compare two versions: files added, removed, changed, and bytes a push would upload
+    Diff(commands::diff::DiffArgs),
+    /// Check that every chunk of a version is present and intact
+    Verify(commands::verify::VerifyArgs),
+    /// List the versions in the store
+    Ls(commands::ls::LsArgs),
+    /// Mount a version read-only; bytes stream in as they are read
+    Mount(commands::mount::MountArgs),
+    /// Unmount a directory mounted by `sealed mount`
+    Umount(commands::mount::UmountArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    context::init_logging(cli.global.verbose);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let ctx = Context::new(cli.global);
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Push(a) => commands::push::run(&ctx, a).await,
+            Command::Pull(a) => commands::pull::run(&ctx, a).await,
+            Command::Inspect(a) => commands::inspect::run(&ctx, a).await,
+            Command::Diff(a) => commands::diff::run(&ctx, a).await,
+            Command::Verify(a) => commands::verify::run(&ctx, a).await,
+            Command::Ls(a) => commands::ls::run(&ctx, a).await,
+            Command::Mount(a) => commands::mount::run_mount(&ctx, a).await,
+            Command::Umount(a) => commands::mount::run_umount(&ctx, a).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

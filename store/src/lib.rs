@@ -1,1 +1,24 @@
-//! The sealed format.
+//! The sealed format and the chunk store.
+//!
+//! A directory tree is split into content-defined chunks (FastCDC v2020) keyed by BLAKE3 and
+//! described by a [`Manifest`]; the BLAKE3 of the manifest's canonical bytes names the sealed
+//! version. [`ChunkStore`] keeps chunks and manifests in any `object_store` backend.
+
+pub mod chunker;
+pub mod diff;
+pub mod digest;
+pub mod error;
+pub mod manifest;
+pub mod progress;
+pub mod pull;
+pub mod push;
+pub mod scan;
+pub mod store;
+pub mod verify;
+
+pub use chunker::ChunkParams;
+pub use digest::Digest;
+pub use error::{Error, Result};
+pub use manifest::{ChunkRef, Entry, EntryKind, FileEntry, Manifest};
+pub use progress::{NoProgress, Progress};
+pub use store::{ChunkStore, StoreOptions};

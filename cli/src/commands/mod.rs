@@ -1,0 +1,17 @@
+//! One module per subcommand.
+
+pub mod diff;
+pub mod inspect;
+pub mod ls;
+pub mod mount;
+pub mod pull;
+pub mod push;
+pub mod verify;
+
+use anyhow::Context as _;
+use sealed_store::Digest;
+
+/// Parses a digest argument with a message that names the argument.
+pub fn parse_digest(arg: &str) -> anyhow::Result<Digest> {
+    Digest::parse(arg).with_context(|| format!("argument '{arg}'"))
+}

@@ -1,0 +1,43 @@
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Args;
+use sealed_store::pull::{PullOptions, pull};
+
+use crate::commands::parse_digest;
+use crate::context::Context;
+use crate::output::{Bars, bytes, print_json};
+
+#[derive(Args, Debug)]
+pub struct PullArgs {
+    /// Version digest (blake3:…)
+    pub digest: String,
+    /// New (or empty) directory to write the version into
+    pub dir: PathBuf,
+    /// Chunk downloads in flight at once
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+}
+
+pub async fn run(ctx: &Context, args: PullArgs) -> anyhow::Result<ExitCode> {
+    let digest = parse_digest(&args.digest)?;
+    let store = ctx.open_store().await?;
+    let bars = Arc::new(Bars::new(ctx.progress));
+    let opts = PullOptions {
+        concurrency: args.concurrency,
+    };
+    let report = pull(&store, &digest, &args.dir, &opts, bars).await?;
+    if ctx.json() {
+        print_json(&report)?;
+    } else {
+        eprintln!(
+            "pulled {} into {}: {} files, {}, every chunk verified",
+            report.digest,
+            report.destination.display(),
+            report.files,
+            bytes(report.bytes)
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,93 @@
+//! What every command shares: the store to use, how to print, logging.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, ValueEnum};
+use sealed_store::{ChunkStore, StoreOptions};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    Text,
+    Json,
+}
+
+#[derive(Args, Debug)]
+pub struct GlobalArgs {
+    /// Store URL: file:///dir, s3://bucket/prefix, gs://bucket/prefix, az://container/prefix
+    #[arg(long, global = true, env = "SEALED_STORE")]
+    pub store: Option<String>,
+    /// Endpoint of an S3-compatible server (MinIO, R2, CoreWeave) or an Azure emulator
+    #[arg(long, global = true, env = "SEALED_ENDPOINT")]
+    pub endpoint: Option<String>,
+    /// Region of the bucket
+    #[arg(long, global = true, env = "SEALED_REGION")]
+    pub region: Option<String>,
+    /// Seconds before a store request is retried
+    #[arg(long, global = true, default_value_t = 30, env = "SEALED_TIMEOUT")]
+    pub timeout: u64,
+    /// Retries of a failed store request
+    #[arg(long, global = true, default_value_t = 3)]
+    pub retries: usize,
+    /// Output format
+    #[arg(long, short = 'o', global = true, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+    /// Log more (-v info, -vv debug); logs go to stderr
+    #[arg(long, short = 'v', global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// Never draw progress bars
+    #[arg(long, global = true)]
+    pub no_progress: bool,
+}
+
+pub struct Context {
+    pub store_url: String,
+    pub store_options: StoreOptions,
+    pub output: OutputFormat,
+    pub progress: bool,
+}
+
+impl Context {
+    pub fn new(args: GlobalArgs) -> Self {
+        let default_store = args.store.is_none();
+        let store_url = args.store.unwrap_or_else(ChunkStore::default_url);
+        let store_options = StoreOptions {
+            endpoint: args.endpoint,
+            region: args.region,
+            timeout: Duration::from_secs(args.timeout.max(1)),
+            retries: args.retries,
+            // The embedded default store is created on first use; a named one must exist.
+            create: default_store,
+        };
+        Context {
+            store_url,
+            store_options,
+            output: args.output,
+            progress: !args.no_progress && args.output == OutputFormat::Text,
+        }
+    }
+
+    pub async fn open_store(&self) -> anyhow::Result<ChunkStore> {
+        ChunkStore::open(&self.store_url, &self.store_options)
+            .await
+            .with_context(|| format!("cannot open store {}", self.store_url))
+    }
+
+    pub fn json(&self) -> bool {
+        self.output == OutputFormat::Json
+    }
+}
+
+pub fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SEALED_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

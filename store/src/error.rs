@@ -1,0 +1,103 @@
+//! Errors of the store crate. Each one names the thing and, where it helps, what to do.
+
+use std::path::PathBuf;
+
+use crate::digest::Digest;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("malformed digest '{input}': expected blake3:<64 lowercase hex characters>")]
+    MalformedDigest { input: String },
+
+    #[error("invalid manifest: {0}")]
+    InvalidManifest(String),
+
+    #[error("manifest {digest} is corrupt in the store: its bytes hash to {actual}")]
+    ManifestDigestMismatch { digest: Digest, actual: Digest },
+
+    #[error("version {digest} not found in store {store}: check the digest, or push it first")]
+    UnknownVersion { digest: Digest, store: String },
+
+    #[error("chunk {digest} is missing from store {store}")]
+    MissingChunk { digest: Digest, store: String },
+
+    #[error("chunk {digest} is corrupt in store {store}: its bytes hash to {actual}")]
+    CorruptChunk {
+        digest: Digest,
+        actual: Digest,
+        store: String,
+    },
+
+    #[error("invalid store URL '{url}': {reason}")]
+    InvalidStoreUrl { url: String, reason: String },
+
+    #[error("store {store} does not exist: {reason}")]
+    StoreNotFound { store: String, reason: String },
+
+    #[error("store {store}: {source}")]
+    Backend {
+        store: String,
+        #[source]
+        source: object_store::Error,
+    },
+
+    #[error("store {store}: timed out after {seconds}s waiting for {what}")]
+    Timeout {
+        store: String,
+        what: String,
+        seconds: u64,
+    },
+
+    #[error("{path}: {reason}")]
+    BadInput { path: PathBuf, reason: String },
+
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error(
+        "{path} changed while it was being pushed ({detail}); nothing was sealed, push again once it is stable"
+    )]
+    FileChanged { path: PathBuf, detail: String },
+
+    #[error("file '{path}': {source}")]
+    InFile {
+        path: String,
+        #[source]
+        source: Box<Error>,
+    },
+
+    #[error("{0}")]
+    Other(String),
+}
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn bad_input(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
+        Error::BadInput {
+            path: path.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl Error {
+    /// Names the file a chunk-level error belongs to.
+    pub fn in_file(self, path: &str) -> Error {
+        Error::InFile {
+            path: path.to_owned(),
+            source: Box::new(self),
+        }
+    }
+}

@@ -1,0 +1,470 @@
+//! The chunk store: one layout over any `object_store` backend, chosen by URL.
+//!
+//! ```text
+//! <prefix>/chunks/<first 2 hex>/<64 hex>     chunk bytes, named by their BLAKE3
+//! <prefix>/manifests/<64 hex>                sealed manifests, written once
+//! <prefix>/volumes/<volume>/<64 hex>         "this version was pushed to this volume" records
+//! ```
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::aws::AmazonS3Builder;
+use object_store::azure::MicrosoftAzureBuilder;
+use object_store::gcp::GoogleCloudStorageBuilder;
+use object_store::local::LocalFileSystem;
+use object_store::memory::InMemory;
+use object_store::path::Path as ObjectPath;
+use object_store::prefix::PrefixStore;
+use object_store::{
+    BackoffConfig, ClientOptions, ObjectStore, PutMode, PutOptions, PutPayload, RetryConfig,
+};
+use url::Url;
+
+use crate::digest::Digest;
+use crate::error::{Error, Result};
+use crate::manifest::Manifest;
+
+/// How to reach a store. Credentials come from the environment as each backend documents
+/// (`AWS_ACCESS_KEY_ID`, `AZURE_STORAGE_ACCOUNT_KEY`, `GOOGLE_SERVICE_ACCOUNT`, …).
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    /// Custom endpoint for S3-compatible servers (MinIO, R2, CoreWeave) or Azure emulators.
+    pub endpoint: Option<String>,
+    pub region: Option<String>,
+    /// Per-request timeout; a request that does not answer in time is retried.
+    pub timeout: Duration,
+    /// Retries of a failed request before the error is returned.
+    pub retries: usize,
+    /// Create a `file://` store's directory when it does not exist.
+    pub create: bool,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            endpoint: None,
+            region: None,
+            timeout: Duration::from_secs(30),
+            retries: 3,
+            create: false,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct ChunkStore {
+    inner: Arc<dyn ObjectStore>,
+    /// The URL as the user gave it, for messages (it never carries credentials).
+    name: String,
+    /// For `file://` stores: the directory, so writes can be made durable with syncfs.
+    local_root: Option<PathBuf>,
+}
+
+/// A pushed-version record under `volumes/`.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct VolumeRecord {
+    pub volume: String,
+    pub digest: Digest,
+    pub pushed_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// A manifest present in the store.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct StoredVersion {
+    pub digest: Digest,
+    pub stored_at: chrono::DateTime<chrono::Utc>,
+}
+
+impl ChunkStore {
+    /// `file://` under the user's data directory (`~/.local/share/sealed-volumes/store`).
+    pub fn default_url() -> String {
+        let base = dirs::data_dir().unwrap_or_else(|| PathBuf::from("/var/lib"));
+        format!(
+            "file://{}",
+            base.join("sealed-volumes").join("store").display()
+        )
+    }
+
+    pub fn memory() -> Self {
+        ChunkStore {
+            inner: Arc::new(InMemory::new()),
+            name: "memory://".into(),
+            local_root: None,
+        }
+    }
+
+    /// Wraps an already-built backend (tests, embedding).
+    pub fn from_object_store(inner: Arc<dyn ObjectStore>, name: impl Into<String>) -> Self {
+        ChunkStore {
+            inner,
+            name: name.into(),
+            local_root: None,
+        }
+    }
+
+    /// Opens the store at `url` and checks it answers, so a wrong bucket, endpoint or
+    /// credential fails here with a message rather than halfway through a push.
+    pub async fn open(url: &str, opts: &StoreOptions) -> Result<Self> {
+        let store = Self::connect(url, opts)?;
+        store.probe(opts.timeout).await?;
+        Ok(store)
+    }
+
+    fn connect(url: &str, opts: &StoreOptions) -> Result<Self> {
+        let bad = |reason: &str| Error::InvalidStoreUrl {
+            url: url.into(),
+            reason: reason.into(),
+        };
+        let parsed = Url::parse(url).map_err(|e| bad(&e.to_string()))?;
+        let prefix = parsed.path().trim_matches('/').to_owned();
+        let client = ClientOptions::new()
+            .with_timeout(opts.timeout)
+            .with_connect_timeout(opts.timeout.min(Duration::from_secs(10)))
+            .with_allow_http(
+                opts.endpoint
+                    .as_deref()
+                    .is_some_and(|e| e.starts_with("http://")),
+            );
+        let retry = RetryConfig {
+            backoff: BackoffConfig {
+                init_backoff: Duration::from_millis(100),
+                max_backoff: Duration::from_secs(5),
+                base: 2.0,
+            },
+            max_retries: opts.retries,
+            retry_timeout: opts.timeout * (opts.retries as u32 + 1),
+        };
+        let remote = |inner: Arc<dyn ObjectStore>| -> Arc<dyn ObjectStore> {
+            if prefix.is_empty() {
+                inner
+            } else {
+                Arc::new(PrefixStore::new(inner, prefix.as_str()))
+            }
+        };
+        let backend_err = |e: object_store::Error| Error::Backend {
+            store: url.into(),
+            source: e,
+        };
+        let (inner, local_root): (Arc<dyn ObjectStore>, _) = match parsed.scheme() {
+            "file" => {
+                let dir = parsed
+                    .to_file_path()
+                    .map_err(|_| bad("a file:// URL needs an absolute path"))?;
+                if !dir.is_dir() {
+                    if opts.create {
+                        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+                    } else {
+                        return Err(Error::StoreNotFound {
+                            store: url.into(),
+                            reason: format!(
+                                "directory {} does not exist (create it with mkdir -p)",
+                                dir.display()
+                            ),
+                        });
+                    }
+                }
+                let fs = LocalFileSystem::new_with_prefix(&dir).map_err(backend_err)?;
+                (Arc::new(fs), Some(dir))
+            }
+            "memory" => (Arc::new(InMemory::new()), None),
+            "s3" | "s3a" => {
+                let mut b = AmazonS3Builder::from_env()
+                    .with_url(url)
+                    .with_client_options(client)
+                    .with_retry(retry);
+                if let Some(endpoint) = &opts.endpoint {
+                    b = b
+                        .with_endpoint(endpoint)
+                        .with_virtual_hosted_style_request(false);
+                }
+                if let Some(region) = &opts.region {
+                    b = b.with_region(region);
+                }
+                (remote(Arc::new(b.build().map_err(backend_err)?)), None)
+            }
+            "gs" => {
+                let b = GoogleCloudStorageBuilder::from_env()
+                    .with_url(url)
+                    .with_client_options(client)
+                    .with_retry(retry);
+                (remote(Arc::new(b.build().map_err(backend_err)?)), None)
+            }
+            "az" | "azure" | "abfs" | "abfss" => {
+                let mut b = MicrosoftAzureBuilder::from_env()
+                    .with_url(url)
+                    .with_client_options(client)
+                    .with_retry(retry);
+                if let Some(endpoint) = &opts.endpoint {
+                    b = b.with_endpoint(endpoint.clone());
+                }
+                (remote(Arc::new(b.build().map_err(backend_err)?)), None)
+            }
+            other => {
+                return Err(bad(&format!(
+                    "unsupported scheme '{other}': use file://, s3://, gs://, az:// or memory:// \
+                     (for R2 or CoreWeave use s3://bucket with --endpoint)"
+                )));
+            }
+        };
+        Ok(ChunkStore {
+            inner,
+            name: url.into(),
+            local_root,
+        })
+    }
+
+    async fn probe(&self, timeout: Duration) -> Result<()> {
+        let prefix = ObjectPath::from("manifests");
+        let list = self.inner.list_with_delimiter(Some(&prefix));
+        match tokio::time::timeout(timeout * 2, list).await {
+            Err(_) => Err(Error::Timeout {
+                store: self.name.clone(),
+                what: "the first listing (is the endpoint reachable?)".into(),
+                seconds: (timeout * 2).as_secs(),
+            }),
+            Ok(Err(object_store::Error::NotFound { .. })) => Ok(()),
+            Ok(Err(e)) => Err(self.backend(e)),
+            Ok(Ok(_)) => Ok(()),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The backend, for tools that need raw access (tests corrupt chunks through it).
+    pub fn object_store(&self) -> &Arc<dyn ObjectStore> {
+        &self.inner
+    }
+
+    pub fn chunk_key(digest: &Digest) -> ObjectPath {
+        let hex = digest.hex();
+        ObjectPath::from(format!("chunks/{}/{hex}", &hex[..2]))
+    }
+
+    pub fn manifest_key(digest: &Digest) -> ObjectPath {
+        ObjectPath::from(format!("manifests/{}", digest.hex()))
+    }
+
+    fn backend(&self, source: object_store::Error) -> Error {
+        Error::Backend {
+            store: self.name.clone(),
+            source,
+        }
+    }
+
+    pub async fn has_chunk(&self, digest: &Digest) -> Result<bool> {
+        match self.inner.head(&Self::chunk_key(digest)).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(self.backend(e)),
+        }
+    }
+
+    /// Stores a chunk. Content-addressed, so rewriting an existing chunk is harmless.
+    pub async fn put_chunk(&self, digest: &Digest, data: Bytes) -> Result<()> {
+        self.inner
+            .put(&Self::chunk_key(digest), PutPayload::from(data))
+            .await
+            .map_err(|e| self.backend(e))?;
+        Ok(())
+    }
+
+    /// Fetches a chunk and verifies it against its digest: a corrupt chunk is an error,
+    /// never bytes.
+    pub async fn get_chunk(&self, digest: &Digest) -> Result<Bytes> {
+        let data = match self.inner.get(&Self::chunk_key(digest)).await {
+            Ok(r) => r.bytes().await.map_err(|e| self.backend(e))?,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(Error::MissingChunk {
+                    digest: *digest,
+                    store: self.name.clone(),
+                });
+            }
+            Err(e) => return Err(self.backend(e)),
+        };
+        let actual = Digest::of(&data);
+        if actual != *digest {
+            return Err(Error::CorruptChunk {
+                digest: *digest,
+                actual,
+                store: self.name.clone(),
+            });
+        }
+        Ok(data)
+    }
+
+    /// Makes every write so far durable before a manifest may name it. Object stores
+    /// acknowledge a PUT only once it is durable; a local directory needs a syncfs.
+    pub async fn sync(&self) -> Result<()> {
+        let Some(root) = self.local_root.clone() else {
+            return Ok(());
+        };
+        tokio::task::spawn_blocking(move || {
+            let dir = std::fs::File::open(&root).map_err(|e| Error::io(&root, e))?;
+            // SAFETY: syncfs takes a valid open descriptor, which `dir` holds for the call.
+            let rc = unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)) };
+            if rc != 0 {
+                return Err(Error::io(&root, std::io::Error::last_os_error()));
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| Error::Other(format!("sync task failed: {e}")))?
+    }
+
+    /// Writes a manifest once (conditional create) and returns its digest. Writing the same
+    /// manifest again succeeds without changing the stored object.
+    pub async fn put_manifest(&self, bytes: Vec<u8>) -> Result<Digest> {
+        let digest = Digest::of(&bytes);
+        let key = Self::manifest_key(&digest);
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        match self
+            .inner
+            .put_opts(&key, PutPayload::from(bytes.clone()), opts)
+            .await
+        {
+            Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => Ok(digest),
+            // Some S3-compatible servers lack conditional writes: a manifest's name is the
+            // hash of its bytes, so writing it when absent cannot change a sealed version.
+            Err(object_store::Error::NotImplemented) => {
+                if !self.has_manifest(&digest).await? {
+                    self.inner
+                        .put(&key, PutPayload::from(bytes))
+                        .await
+                        .map_err(|e| self.backend(e))?;
+                }
+                Ok(digest)
+            }
+            Err(e) => Err(self.backend(e)),
+        }
+    }
+
+    pub async fn has_manifest(&self, digest: &Digest) -> Result<bool> {
+        match self.inner.head(&Self::manifest_key(digest)).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(self.backend(e)),
+        }
+    }
+
+    /// The manifest's raw bytes, verified against the digest.
+    pub async fn get_manifest_bytes(&self, digest: &Digest) -> Result<Bytes> {
+        let data = match self.inner.get(&Self::manifest_key(digest)).await {
+            Ok(r) => r.bytes().await.map_err(|e| self.backend(e))?,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(Error::UnknownVersion {
+                    digest: *digest,
+                    store: self.name.clone(),
+                });
+            }
+            Err(e) => return Err(self.backend(e)),
+        };
+        let actual = Digest::of(&data);
+        if actual != *digest {
+            return Err(Error::ManifestDigestMismatch {
+                digest: *digest,
+                actual,
+            });
+        }
+        Ok(data)
+    }
+
+    /// Fetches, verifies and parses a manifest.
+    pub async fn get_manifest(&self, digest: &Digest) -> Result<Manifest> {
+        let data = self.get_manifest_bytes(digest).await?;
+        Manifest::parse(&data)
+    }
+
+    /// Every sealed version in the store, oldest first.
+    pub async fn list_versions(&self) -> Result<Vec<StoredVersion>> {
+        let metas: Vec<_> = self
+            .inner
+            .list(Some(&ObjectPath::from("manifests")))
+            .try_collect()
+            .await
+            .map_err(|e| self.backend(e))?;
+        let mut out: Vec<StoredVersion> = metas
+            .into_iter()
+            .filter_map(|m| {
+                let digest = Digest::parse(m.location.filename()?).ok()?;
+                Some(StoredVersion {
+                    digest,
+                    stored_at: m.last_modified,
+                })
+            })
+            .collect();
+        out.sort_by_key(|v| (v.stored_at, v.digest));
+        Ok(out)
+    }
+
+    /// Records that `digest` was pushed to `volume` (a name like `ns/name`).
+    pub async fn put_volume_record(&self, volume: &str, digest: &Digest) -> Result<VolumeRecord> {
+        validate_volume_name(volume)?;
+        let record = VolumeRecord {
+            volume: volume.into(),
+            digest: *digest,
+            pushed_at: chrono::Utc::now(),
+        };
+        let body = serde_json::to_vec(&record).map_err(|e| Error::Other(e.to_string()))?;
+        let key = ObjectPath::from(format!("volumes/{volume}/{}", digest.hex()));
+        self.inner
+            .put(&key, PutPayload::from(body))
+            .await
+            .map_err(|e| self.backend(e))?;
+        Ok(record)
+    }
+
+    /// Every volume record, newest first.
+    pub async fn list_volume_records(&self) -> Result<Vec<VolumeRecord>> {
+        let metas: Vec<_> = self
+            .inner
+            .list(Some(&ObjectPath::from("volumes")))
+            .try_collect()
+            .await
+            .map_err(|e| self.backend(e))?;
+        let mut out = Vec::new();
+        for meta in metas {
+            let body = self
+                .inner
+                .get(&meta.location)
+                .await
+                .map_err(|e| self.backend(e))?
+                .bytes()
+                .await
+                .map_err(|e| self.backend(e))?;
+            // A record that does not parse is skipped: it names nothing we can trust.
+            if let Ok(record) = serde_json::from_slice::<VolumeRecord>(&body) {
+                out.push(record);
+            }
+        }
+        out.sort_by(|a, b| b.pushed_at.cmp(&a.pushed_at));
+        Ok(out)
+    }
+}
+
+/// Volume names are `name` or `namespace/name`, each part a DNS-1123 label.
+pub fn validate_volume_name(volume: &str) -> Result<()> {
+    let ok_part = |p: &str| {
+        !p.is_empty()
+            && p.len() <= 63
+            && p.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+            && !p.starts_with('-')
+            && !p.ends_with('-')
+    };
+    let parts: Vec<&str> = volume.split('/').collect();
+    if parts.len() > 2 || !parts.iter().all(|p| ok_part(p)) {
+        return Err(Error::Other(format!(
+            "invalid volume name '{volume}': use NAME or NAMESPACE/NAME with lowercase letters, digits, '-' and '.'"
+        )));
+    }
+    Ok(())
+}
