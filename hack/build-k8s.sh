@@ -10,6 +10,7 @@
 # scheduler, kubelet, kube-proxy, kubectl), etcd, csi-sanity, helm, and a pause binary.
 # Env: SEALED_CACHE (default ~/.cache/sealed-volumes), GOFLAGS/GOPROXY as usual.
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 
 # Bump when the build flags below change, so old caches are not reused.
@@ -55,8 +56,10 @@ go_build() {
   local mod=$1 out=$2 ldflags=$3
   shift 3
   log "go build ($(basename "$mod")): $*"
+  # The hundreds of "go: downloading" lines of a cold build hide real errors: drop them.
   (cd "$mod" && CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=false" \
-    nice -n 10 go build -trimpath -ldflags="-s -w $ldflags" -o "$out/" "$@")
+    nice -n 10 go build -trimpath -ldflags="-s -w $ldflags" -o "$out/" "$@") 2>&1 |
+    sed -u '/^go: downloading /d' >&2
 }
 
 build_all() {
@@ -92,7 +95,7 @@ main() {
     --print-bin-dir) echo "$BIN_DIR"; return 0 ;;
     --check) cache_complete; return ;;
     "") ;;
-    *) die "usage: $0 [--print-bin-dir|--check]" ;;
+    *) usage_from_header "${BASH_SOURCE[0]}" ;;
   esac
   if ! cache_complete; then
     ensure_go

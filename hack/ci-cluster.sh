@@ -7,6 +7,7 @@
 #
 # Typical use:  eval "$(hack/ci-cluster.sh up)"; trap 'hack/ci-cluster.sh down' EXIT
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 
 cmd_up() {
@@ -31,5 +32,5 @@ cmd_down() {
 case "${1:-}" in
   up) cmd_up ;;
   down) cmd_down ;;
-  *) sed -n '2,8p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) usage_from_header "${BASH_SOURCE[0]}" ;;
 esac

@@ -14,6 +14,7 @@
 # Env: SEALED_CLUSTER_DIR (state, default /var/lib/sealed-cluster), SEALED_KUBELET_DIR
 # (default /var/lib/kubelet, where CSI drivers expect it), SEALED_NODE_NAME (sealed-node).
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 
 DIR="${SEALED_CLUSTER_DIR:-/var/lib/sealed-cluster}"
@@ -39,7 +40,7 @@ API_URL="https://127.0.0.1:$APISERVER_PORT"
 CONTROL_PLANE=(etcd kube-apiserver kube-controller-manager kube-scheduler)
 NODE_COMPONENTS=(containerd kubelet kube-proxy)
 
-usage() { sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { usage_from_header "${BASH_SOURCE[0]}"; }
 
 # --- processes -------------------------------------------------------------
 
@@ -47,7 +48,9 @@ pid_of() { [[ -f $RUN/$1.pid ]] && cat "$RUN/$1.pid"; }
 is_running() {
   local pid
   pid=$(pid_of "$1") || return 1
-  [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null
+  [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || return 1
+  # A killed process is a zombie until init reaps it; that is not running.
+  [[ $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) != Z ]]
 }
 
 # start NAME CMD...: runs CMD in its own session, logs to $LOGS/NAME.log, records the pid.

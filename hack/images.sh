@@ -13,6 +13,7 @@
 #
 # Archives are written to $SEALED_CACHE/images/ and the path of each is printed on stdout.
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 
 DIR="${SEALED_CLUSTER_DIR:-/var/lib/sealed-cluster}"
@@ -23,7 +24,7 @@ BUSYBOX_IMAGE=sealed.local/busybox:v1
 # Bump when the way base images are built changes, so cached archives are rebuilt.
 IMAGE_REV=2
 
-usage() { sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { usage_from_header "${BASH_SOURCE[0]}"; }
 
 archive_path() { echo "$IMAGES/$(echo "$1" | tr '/:' '__').tar"; }
 
@@ -126,7 +127,7 @@ cmd_binary() {
     [[ $spec == *:* ]] || dest="/$(basename "$src")"
     [[ -e $src ]] || die "no such file: $src"
     mkdir -p "$root$(dirname "$dest")"
-    cp -a "$src" "$root$dest"
+    cp -rL "$src" "$root$dest" # dereference: a host symlink would dangle in the image
   done
   out=$(archive_path "$ref")
   build_image "$ref" "$root" "$out" "/$(basename "$bin")"

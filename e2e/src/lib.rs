@@ -79,14 +79,11 @@ pub async fn cluster(test: &str) -> Option<Cluster> {
     }
 }
 
-/// Reuses a healthy cluster, or runs `hack/cluster.sh up` once per test process.
+/// Runs `hack/cluster.sh up` once per test process (it returns at once when every
+/// component is already healthy, and repairs a partial cluster), then connects.
 pub async fn connect_or_start() -> Result<Cluster> {
-    let kubeconfig = kubeconfig_path();
-    if let Ok(c) = connect(&kubeconfig).await {
-        return Ok(c);
-    }
     start_once()?;
-    connect(&kubeconfig).await
+    connect(&kubeconfig_path()).await
 }
 
 /// Tests in one binary run on parallel threads; only the first one runs the script.

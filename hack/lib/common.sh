@@ -42,3 +42,9 @@ wait_for() {
     sleep 1
   done
 }
+
+# Prints the comment block at the top of the calling script (its usage) and exits 2.
+usage_from_header() {
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$1" >&2
+  exit 2
+}
