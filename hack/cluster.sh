@@ -352,7 +352,7 @@ stop_containers() {
   # Shims re-parent to init; ours are the ones whose command line names our socket.
   local p
   for p in /proc/[0-9]*; do
-    if tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -q -- "-address $CONTAINERD_SOCK "; then
+    if tr '\0' ' ' 2>/dev/null <"$p/cmdline" | grep -q -- "-address $CONTAINERD_SOCK "; then
       kill -KILL "${p#/proc/}" 2>/dev/null || true
     fi
   done
@@ -427,7 +427,7 @@ check_clean() {
   local left=() p cmd bin
   bin=$("$HACK_DIR/build-k8s.sh" --print-bin-dir)
   for p in /proc/[0-9]*; do
-    cmd=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
+    cmd=$(tr '\0' ' ' 2>/dev/null <"$p/cmdline") || continue
     [[ $cmd == *"$DIR/"* || $cmd == "$bin/"* ]] && left+=("process ${p#/proc/}: ${cmd:0:100}")
   done
   while read -r m; do
