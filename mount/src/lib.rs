@@ -1,1 +1,36 @@
-//! Read-only FUSE filesystem over a sealed version (see issue: lazy verified mount).
+//! Read-only FUSE filesystem over a sealed version, with verified cache tiers.
+//!
+//! The shape follows mountpoint-s3: a plain Rust read API over a manifest ([`SealedFs`]:
+//! lookup, getattr, readdir, readlink, open, read at offset, statfs) that tests drive without
+//! a kernel, and a thin `fuser` adapter ([`fuse`]) that turns FUSE requests into calls on it.
+//!
+//! Bytes come through cache tiers: the kernel page cache, a bounded in-memory chunk cache
+//! (where readahead lands), the node disk cache (content-addressed, shared by every mount,
+//! bounded with LRU eviction, kept across restarts) and finally the object store. Every chunk
+//! is verified against its BLAKE3 digest before it is cached or served; a corrupt or missing
+//! chunk is EIO, never wrong bytes.
+//!
+//! [`MountHandle::spawn`] mounts a version at a path in the background (the CLI's
+//! `sealed mount` and the CSI node plugin both use it) and [`MountHandle::unmount`] ends it.
+
+pub mod cache;
+pub mod error;
+pub mod fetch;
+pub mod fs;
+pub mod fuse;
+mod lru;
+pub mod metrics;
+pub mod prefetch;
+pub mod session;
+pub mod tree;
+pub mod warm;
+
+pub use cache::{ChunkCache, DiskCache, MemoryCache};
+pub use error::{FetchError, FsError, MountError};
+pub use fetch::{FetchPolicy, NodeCache, NodeCacheOptions};
+pub use fs::{SealedFs, StatFs};
+pub use metrics::{MetricsSnapshot, MountMetrics};
+pub use prefetch::ReadaheadPolicy;
+pub use session::{MountHandle, MountOptions, unmount};
+pub use tree::{Attr, DirEntry, NodeType, Tree};
+pub use warm::PrefetchSelection;

@@ -1,0 +1,102 @@
+//! Errors of the mount crate. Every one maps to one errno at the FUSE edge (see `fuse.rs`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sealed_store::Digest;
+
+/// Why a chunk could not be served. Cloned to every reader waiting on the same fetch.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum FetchError {
+    #[error("chunk {digest} is missing from store {store}")]
+    Missing { digest: Digest, store: String },
+    #[error("chunk {digest} is corrupt in store {store}: its bytes hash to {actual}")]
+    Corrupt {
+        digest: Digest,
+        actual: Digest,
+        store: String,
+    },
+    #[error(
+        "chunk {digest}: store {store} did not answer within {per_attempt:?} ({attempts} attempts)"
+    )]
+    TimedOut {
+        digest: Digest,
+        store: String,
+        per_attempt: Duration,
+        attempts: u32,
+    },
+    #[error("chunk {digest}: store {store} failed after {attempts} attempts: {reason}")]
+    Unavailable {
+        digest: Digest,
+        store: String,
+        attempts: u32,
+        reason: String,
+    },
+    #[error("chunk {digest}: internal error: {reason}")]
+    Internal { digest: Digest, reason: String },
+}
+
+/// Errors of the plain read API ([`crate::SealedFs`]).
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum FsError {
+    #[error("no such file or directory")]
+    NotFound,
+    #[error("not a directory")]
+    NotDir,
+    #[error("is a directory")]
+    IsDir,
+    #[error("not a symlink")]
+    NotSymlink,
+    #[error("read-only file system")]
+    ReadOnly,
+    #[error("unknown file handle {0}")]
+    BadHandle(u64),
+    #[error(transparent)]
+    Fetch(#[from] FetchError),
+}
+
+impl FsError {
+    /// The errno a FUSE reply carries for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            FsError::NotFound => libc::ENOENT,
+            FsError::NotDir => libc::ENOTDIR,
+            FsError::IsDir => libc::EISDIR,
+            FsError::NotSymlink => libc::EINVAL,
+            FsError::ReadOnly => libc::EROFS,
+            FsError::BadHandle(_) => libc::EBADF,
+            FsError::Fetch(_) => libc::EIO,
+        }
+    }
+}
+
+/// Errors setting up or tearing down a mount.
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error(transparent)]
+    Store(#[from] sealed_store::Error),
+    #[error("manifest {digest} cannot be mounted: {reason}")]
+    BadManifest { digest: Digest, reason: String },
+    #[error("mount point {path}: {reason}")]
+    MountPoint { path: PathBuf, reason: String },
+    #[error("cannot mount {path}: {source} (mounting needs root or CAP_SYS_ADMIN and /dev/fuse)")]
+    Mount {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot unmount {path}: {source}")]
+    Unmount {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cache directory {path}: {source}")]
+    Cache {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid prefetch pattern '{pattern}': {reason}")]
+    BadPattern { pattern: String, reason: String },
+}

@@ -1,0 +1,325 @@
+//! Verified chunk fetch through the tiers, one fetch per chunk however many readers want it.
+//!
+//! [`NodeCache`] is made once per node (or per process) and shared by every mount: it holds
+//! the memory tier, the disk tier, the single-flight table, the global readahead budget and
+//! the metrics.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
+use parking_lot::Mutex;
+use sealed_store::{ChunkRef, ChunkStore, Digest, Error as StoreError};
+
+use crate::cache::{ChunkCache, DiskCache, MemoryCache};
+use crate::error::{FetchError, MountError};
+use crate::metrics::MountMetrics;
+use crate::prefetch::PrefetchBudget;
+
+/// How long to wait for the object store, and how often to try.
+#[derive(Clone, Copy, Debug)]
+pub struct FetchPolicy {
+    /// Bound on one attempt to fetch one chunk.
+    pub attempt_timeout: Duration,
+    /// Further attempts after a timeout or a backend error (not after a missing or corrupt
+    /// chunk: those are answers, not accidents).
+    pub retries: u32,
+    /// First pause between attempts; doubles each time, capped at 2 s.
+    pub backoff: Duration,
+}
+
+impl Default for FetchPolicy {
+    fn default() -> Self {
+        FetchPolicy {
+            attempt_timeout: Duration::from_secs(20),
+            retries: 2,
+            backoff: Duration::from_millis(200),
+        }
+    }
+}
+
+impl FetchPolicy {
+    /// The longest a read of uncached data can wait before it fails with EIO.
+    pub fn worst_case(&self) -> Duration {
+        let mut total = self.attempt_timeout * (self.retries + 1);
+        let mut pause = self.backoff;
+        for _ in 0..self.retries {
+            total += pause.min(Duration::from_secs(2));
+            pause *= 2;
+        }
+        total
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct NodeCacheOptions {
+    /// Node disk cache directory; `None` keeps chunks in memory only.
+    pub disk_dir: Option<PathBuf>,
+    /// Bound on the disk cache, bytes.
+    pub disk_bytes: u64,
+    /// Bound on the memory tier (recently read and prefetched chunks), bytes, for the node.
+    pub memory_bytes: u64,
+    /// Bound on readahead bytes being fetched at once, for the node.
+    pub prefetch_bytes: u64,
+    pub fetch: FetchPolicy,
+}
+
+impl Default for NodeCacheOptions {
+    fn default() -> Self {
+        NodeCacheOptions {
+            disk_dir: None,
+            disk_bytes: 10 << 30,
+            memory_bytes: 256 << 20,
+            prefetch_bytes: 256 << 20,
+            fetch: FetchPolicy::default(),
+        }
+    }
+}
+
+type Flight = Shared<BoxFuture<'static, Result<Bytes, FetchError>>>;
+
+struct Inner {
+    memory: MemoryCache,
+    disk: Option<DiskCache>,
+    inflight: Mutex<HashMap<Digest, Flight>>,
+    policy: FetchPolicy,
+    metrics: Arc<MountMetrics>,
+    budget: PrefetchBudget,
+}
+
+/// The node's cache tiers and fetch machinery. Cheap to clone.
+#[derive(Clone)]
+pub struct NodeCache {
+    inner: Arc<Inner>,
+}
+
+impl NodeCache {
+    pub fn new(options: &NodeCacheOptions) -> Result<NodeCache, MountError> {
+        let metrics = Arc::new(MountMetrics::default());
+        let disk = match &options.disk_dir {
+            Some(dir) => Some(DiskCache::open(dir, options.disk_bytes, metrics.clone())?),
+            None => None,
+        };
+        Ok(NodeCache {
+            inner: Arc::new(Inner {
+                memory: MemoryCache::new(options.memory_bytes, metrics.clone()),
+                disk,
+                inflight: Mutex::new(HashMap::new()),
+                policy: options.fetch,
+                budget: PrefetchBudget::new(options.prefetch_bytes, metrics.clone()),
+                metrics,
+            }),
+        })
+    }
+
+    pub fn metrics(&self) -> &Arc<MountMetrics> {
+        &self.inner.metrics
+    }
+
+    pub fn policy(&self) -> FetchPolicy {
+        self.inner.policy
+    }
+
+    pub(crate) fn budget(&self) -> &PrefetchBudget {
+        &self.inner.budget
+    }
+
+    pub fn disk(&self) -> Option<&DiskCache> {
+        self.inner.disk.as_ref()
+    }
+
+    /// True if the chunk is in memory or being fetched: readahead need not ask for it.
+    pub(crate) fn is_hot(&self, digest: &Digest) -> bool {
+        self.inner.memory.contains(digest) || self.inner.inflight.lock().contains_key(digest)
+    }
+
+    /// The verified bytes of a chunk, for a reader: memory, then disk, then the store. The
+    /// chunk stays in memory for the reads that follow.
+    pub async fn get(&self, store: &ChunkStore, chunk: &ChunkRef) -> Result<Bytes, FetchError> {
+        let digest = &chunk.digest;
+        let metrics = &self.inner.metrics;
+        if let Some(data) = self.inner.memory.get(digest) {
+            MountMetrics::inc(&metrics.memory_hits);
+            return Ok(data);
+        }
+        MountMetrics::inc(&metrics.memory_misses);
+        let data = self.flight(store, chunk).await?;
+        self.inner.memory.put(digest, &data);
+        Ok(data)
+    }
+
+    /// Makes sure the chunk is in the disk cache (or memory, without a disk cache), for
+    /// background prefetch of whole versions: does not push readers' chunks out of memory.
+    pub async fn warm(&self, store: &ChunkStore, chunk: &ChunkRef) -> Result<(), FetchError> {
+        match &self.inner.disk {
+            Some(disk) if disk.contains(&chunk.digest) => Ok(()),
+            Some(_) => self.flight(store, chunk).await.map(drop),
+            None => self.get(store, chunk).await.map(drop),
+        }
+    }
+
+    /// Joins the fetch of `digest` in flight, or starts one (disk, then store).
+    fn flight(
+        &self,
+        store: &ChunkStore,
+        chunk: &ChunkRef,
+    ) -> impl Future<Output = Result<Bytes, FetchError>> + use<> {
+        let mut inflight = self.inner.inflight.lock();
+        if let Some(flight) = inflight.get(&chunk.digest) {
+            return flight.clone();
+        }
+        let this = self.clone();
+        let store = store.clone();
+        let chunk = *chunk;
+        let digest = chunk.digest;
+        // The fetch runs as its own task so that a reader giving up (an interrupted read)
+        // does not cancel it for the others.
+        let task = tokio::spawn(async move {
+            let result = this.fetch_uncached(&store, &chunk).await;
+            this.inner.inflight.lock().remove(&digest);
+            result
+        });
+        let flight: Flight = async move {
+            task.await.unwrap_or_else(|e| {
+                Err(FetchError::Internal {
+                    digest,
+                    reason: format!("fetch task failed: {e}"),
+                })
+            })
+        }
+        .boxed()
+        .shared();
+        inflight.insert(digest, flight.clone());
+        flight
+    }
+
+    async fn fetch_uncached(
+        &self,
+        store: &ChunkStore,
+        chunk: &ChunkRef,
+    ) -> Result<Bytes, FetchError> {
+        let digest = &chunk.digest;
+        let metrics = &self.inner.metrics;
+        if self.inner.disk.is_some() {
+            let this = self.clone();
+            let d = *digest;
+            let hit = tokio::task::spawn_blocking(move || {
+                this.inner.disk.as_ref().and_then(|disk| disk.get(&d))
+            })
+            .await
+            .ok()
+            .flatten();
+            if let Some(data) = hit {
+                MountMetrics::inc(&metrics.disk_hits);
+                return Ok(data);
+            }
+            MountMetrics::inc(&metrics.disk_misses);
+        }
+        let data = {
+            let _gauge = InFlight::new(metrics, u64::from(chunk.len));
+            self.fetch_from_store(store, digest).await?
+        };
+        if self.inner.disk.is_some() {
+            let this = self.clone();
+            let d = *digest;
+            let bytes = data.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                if let Some(disk) = &this.inner.disk {
+                    disk.put(&d, &bytes);
+                }
+            })
+            .await;
+        }
+        Ok(data)
+    }
+
+    async fn fetch_from_store(
+        &self,
+        store: &ChunkStore,
+        digest: &Digest,
+    ) -> Result<Bytes, FetchError> {
+        let policy = self.inner.policy;
+        let metrics = &self.inner.metrics;
+        let mut pause = policy.backoff;
+        let mut last = None;
+        for attempt in 1..=policy.retries + 1 {
+            let started = Instant::now();
+            let outcome =
+                tokio::time::timeout(policy.attempt_timeout, store.get_chunk(digest)).await;
+            let error = match outcome {
+                Ok(Ok(data)) => {
+                    MountMetrics::inc(&metrics.store_fetches);
+                    MountMetrics::add(&metrics.store_bytes_fetched, data.len() as u64);
+                    metrics.record_fetch_latency(started.elapsed());
+                    return Ok(data);
+                }
+                Ok(Err(StoreError::MissingChunk { .. })) => {
+                    MountMetrics::inc(&metrics.store_errors);
+                    return Err(FetchError::Missing {
+                        digest: *digest,
+                        store: store.name().to_owned(),
+                    });
+                }
+                Ok(Err(StoreError::CorruptChunk { actual, .. })) => {
+                    MountMetrics::inc(&metrics.store_errors);
+                    MountMetrics::inc(&metrics.verification_failures);
+                    tracing::error!(%digest, %actual, store = store.name(), "corrupt chunk in store");
+                    return Err(FetchError::Corrupt {
+                        digest: *digest,
+                        actual,
+                        store: store.name().to_owned(),
+                    });
+                }
+                Ok(Err(e)) => FetchError::Unavailable {
+                    digest: *digest,
+                    store: store.name().to_owned(),
+                    attempts: attempt,
+                    reason: e.to_string(),
+                },
+                Err(_) => {
+                    MountMetrics::inc(&metrics.store_timeouts);
+                    FetchError::TimedOut {
+                        digest: *digest,
+                        store: store.name().to_owned(),
+                        per_attempt: policy.attempt_timeout,
+                        attempts: attempt,
+                    }
+                }
+            };
+            tracing::warn!(%digest, attempt, error = %error, "chunk fetch failed");
+            last = Some(error);
+            if attempt <= policy.retries {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+        }
+        MountMetrics::inc(&metrics.store_errors);
+        Err(last.unwrap_or(FetchError::Internal {
+            digest: *digest,
+            reason: "no attempt made".into(),
+        }))
+    }
+}
+
+/// Bytes-in-flight gauge around a store fetch.
+pub(crate) struct InFlight<'a> {
+    metrics: &'a MountMetrics,
+    bytes: u64,
+}
+
+impl<'a> InFlight<'a> {
+    pub(crate) fn new(metrics: &'a MountMetrics, bytes: u64) -> Self {
+        MountMetrics::add(&metrics.bytes_in_flight, bytes);
+        InFlight { metrics, bytes }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        MountMetrics::sub(&self.metrics.bytes_in_flight, self.bytes);
+    }
+}

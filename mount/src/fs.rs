@@ -1,0 +1,294 @@
+//! The plain read API over one sealed version: what the FUSE adapter calls, and what tests
+//! drive without a kernel.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::{Bytes, BytesMut};
+use futures::future::try_join_all;
+use parking_lot::Mutex;
+use sealed_store::{ChunkRef, ChunkStore, Digest};
+
+use crate::error::FsError;
+use crate::fetch::NodeCache;
+use crate::metrics::MountMetrics;
+use crate::prefetch::{Readahead, ReadaheadPolicy};
+use crate::tree::{Attr, DirEntry, Node, NodeType, ROOT_INO, Tree};
+
+/// What `statfs` answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StatFs {
+    pub blocks: u64,
+    pub files: u64,
+    pub block_size: u32,
+    pub name_max: u32,
+}
+
+pub const BLOCK_SIZE: u32 = 4096;
+
+/// One mounted version: the tree, where its chunks come from, and open-file state.
+pub struct SealedFs {
+    digest: Digest,
+    tree: Tree,
+    store: ChunkStore,
+    cache: NodeCache,
+    readahead: ReadaheadPolicy,
+    handles: Mutex<HashMap<u64, Arc<Mutex<Readahead>>>>,
+    next_handle: AtomicU64,
+}
+
+impl SealedFs {
+    pub fn new(
+        digest: Digest,
+        tree: Tree,
+        store: ChunkStore,
+        cache: NodeCache,
+        readahead: ReadaheadPolicy,
+    ) -> SealedFs {
+        SealedFs {
+            digest,
+            tree,
+            store,
+            cache,
+            readahead,
+            handles: Mutex::new(HashMap::new()),
+            next_handle: AtomicU64::new(1),
+        }
+    }
+
+    pub fn digest(&self) -> &Digest {
+        &self.digest
+    }
+
+    pub fn tree(&self) -> &Tree {
+        &self.tree
+    }
+
+    pub fn store(&self) -> &ChunkStore {
+        &self.store
+    }
+
+    pub fn cache(&self) -> &NodeCache {
+        &self.cache
+    }
+
+    pub fn metrics(&self) -> &MountMetrics {
+        self.cache.metrics()
+    }
+
+    pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr, FsError> {
+        match self.tree.kind(parent) {
+            None => return Err(FsError::NotFound),
+            Some(NodeType::Dir) => {}
+            Some(_) => return Err(FsError::NotDir),
+        }
+        let ino = self.tree.lookup(parent, name).ok_or(FsError::NotFound)?;
+        self.getattr(ino)
+    }
+
+    pub fn getattr(&self, ino: u64) -> Result<Attr, FsError> {
+        self.tree.attr(ino).ok_or(FsError::NotFound)
+    }
+
+    /// Entries of a directory from position `offset` on: `.`, `..`, then children by name.
+    /// Each entry's position + 1 is the offset to continue from.
+    pub fn readdir(&self, ino: u64, offset: u64) -> Result<Vec<DirEntry>, FsError> {
+        let slot = self.tree.slot(ino).ok_or(FsError::NotFound)?;
+        let children = self.tree.children(ino).ok_or(FsError::NotDir)?;
+        let dots = [
+            DirEntry {
+                ino,
+                name: ".".into(),
+                kind: NodeType::Dir,
+            },
+            DirEntry {
+                ino: if ino == ROOT_INO {
+                    ROOT_INO
+                } else {
+                    slot.parent
+                },
+                name: "..".into(),
+                kind: NodeType::Dir,
+            },
+        ];
+        let rest = children.iter().filter_map(|&child| {
+            let slot = self.tree.slot(child)?;
+            let kind = self.tree.kind(child)?;
+            Some(DirEntry {
+                ino: child,
+                name: slot.name.clone(),
+                kind,
+            })
+        });
+        let skip = usize::try_from(offset).unwrap_or(usize::MAX);
+        Ok(dots.into_iter().chain(rest).skip(skip).collect())
+    }
+
+    pub fn readlink(&self, ino: u64) -> Result<&str, FsError> {
+        match &self.tree.slot(ino).ok_or(FsError::NotFound)?.node {
+            Node::Symlink { target } => Ok(target),
+            _ => Err(FsError::NotSymlink),
+        }
+    }
+
+    /// Opens a file for reading; any write access is EROFS.
+    pub fn open(&self, ino: u64, write: bool) -> Result<u64, FsError> {
+        match self.tree.kind(ino) {
+            None => return Err(FsError::NotFound),
+            Some(NodeType::Dir) if write => return Err(FsError::IsDir),
+            Some(_) if write => return Err(FsError::ReadOnly),
+            Some(_) => {}
+        }
+        let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        self.handles.lock().insert(fh, Arc::default());
+        Ok(fh)
+    }
+
+    pub fn release(&self, fh: u64) {
+        self.handles.lock().remove(&fh);
+    }
+
+    pub fn open_handles(&self) -> usize {
+        self.handles.lock().len()
+    }
+
+    pub fn statfs(&self) -> StatFs {
+        StatFs {
+            blocks: self.tree.total_bytes().div_ceil(u64::from(BLOCK_SIZE)),
+            files: self.tree.len() as u64,
+            block_size: BLOCK_SIZE,
+            name_max: 255,
+        }
+    }
+
+    /// Up to `size` bytes of file `ino` from `offset` (fewer at the end of the file), every
+    /// byte verified. `fh` (from [`SealedFs::open`]) drives readahead; `None` reads without.
+    pub async fn read(
+        &self,
+        ino: u64,
+        fh: Option<u64>,
+        offset: u64,
+        size: u32,
+    ) -> Result<Bytes, FsError> {
+        let result = self.read_inner(ino, fh, offset, size).await;
+        match &result {
+            Ok(data) => MountMetrics::add(&self.metrics().bytes_read, data.len() as u64),
+            Err(FsError::Fetch(e)) => {
+                MountMetrics::inc(&self.metrics().read_errors);
+                let path = self.tree.path(ino).unwrap_or_default();
+                tracing::error!(path, offset, error = %e, "read failed");
+            }
+            Err(_) => {}
+        }
+        result
+    }
+
+    async fn read_inner(
+        &self,
+        ino: u64,
+        fh: Option<u64>,
+        offset: u64,
+        size: u32,
+    ) -> Result<Bytes, FsError> {
+        let (file, starts) = match &self.tree.slot(ino).ok_or(FsError::NotFound)?.node {
+            Node::File { file, starts } => (file, starts),
+            Node::Dir { .. } => return Err(FsError::IsDir),
+            Node::Symlink { .. } => return Err(FsError::NotFound),
+        };
+        if let Some(fh) = fh {
+            self.readahead(fh, &file.chunks, starts, file.size, offset, size);
+        }
+        if offset >= file.size || size == 0 {
+            return Ok(Bytes::new());
+        }
+        let end = offset.saturating_add(u64::from(size)).min(file.size);
+        let range = chunk_range(starts, offset, end);
+        let wanted = &file.chunks[range.clone()];
+        let datas = try_join_all(wanted.iter().map(|c| self.cache.get(&self.store, c))).await?;
+        let mut pieces = Vec::with_capacity(datas.len());
+        for (i, data) in range.zip(datas) {
+            let chunk_start = starts[i];
+            let from = offset.saturating_sub(chunk_start) as usize;
+            let to = (end - chunk_start).min(data.len() as u64) as usize;
+            pieces.push(data.slice(from..to));
+        }
+        if pieces.len() == 1 {
+            return Ok(pieces.swap_remove(0));
+        }
+        let mut out = BytesMut::with_capacity((end - offset) as usize);
+        for piece in pieces {
+            out.extend_from_slice(&piece);
+        }
+        Ok(out.freeze())
+    }
+
+    fn readahead(
+        &self,
+        fh: u64,
+        chunks: &[ChunkRef],
+        starts: &[u64],
+        file_size: u64,
+        offset: u64,
+        size: u32,
+    ) {
+        let Some(state) = self.handles.lock().get(&fh).cloned() else {
+            return;
+        };
+        let mut state = state.lock();
+        let Some(ahead) = state.on_read(&self.readahead, offset, u64::from(size), file_size) else {
+            return;
+        };
+        for i in chunk_range(starts, ahead.start, ahead.end) {
+            let chunk = chunks[i];
+            if self.cache.is_hot(&chunk.digest) {
+                continue;
+            }
+            let len = u64::from(chunk.len);
+            if !self.cache.budget().try_acquire(len) {
+                state.retract(starts[i]);
+                return;
+            }
+            let cache = self.cache.clone();
+            let store = self.store.clone();
+            tokio::spawn(async move {
+                // Errors are the reader's to see when it gets there; here they are counted.
+                let _ = cache.get(&store, &chunk).await;
+                cache.budget().release(len);
+            });
+        }
+    }
+}
+
+/// Indices of the chunks that hold `[offset, end)`; `starts` are the chunk offsets followed
+/// by the file size.
+pub(crate) fn chunk_range(starts: &[u64], offset: u64, end: u64) -> std::ops::Range<usize> {
+    let chunks = starts.len().saturating_sub(1);
+    if offset >= end {
+        return 0..0;
+    }
+    // The chunk containing `offset`: the last start <= offset.
+    let first = starts[..chunks]
+        .partition_point(|&s| s <= offset)
+        .saturating_sub(1);
+    // The chunks starting before `end`.
+    let last = starts[..chunks].partition_point(|&s| s < end);
+    first..last.max(first)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_range_maps_offsets() {
+        let starts = [0, 10, 20, 25];
+        assert_eq!(chunk_range(&starts, 0, 1), 0..1);
+        assert_eq!(chunk_range(&starts, 9, 11), 0..2);
+        assert_eq!(chunk_range(&starts, 10, 20), 1..2);
+        assert_eq!(chunk_range(&starts, 0, 25), 0..3);
+        assert_eq!(chunk_range(&starts, 24, 25), 2..3);
+        assert_eq!(chunk_range(&starts, 5, 5), 0..0);
+        assert_eq!(chunk_range(&[0], 0, 0), 0..0);
+    }
+}

@@ -1,0 +1,337 @@
+//! The thin `fuser` adapter: FUSE requests in, calls on [`SealedFs`] out, errno at the edge.
+//!
+//! Reads run as tasks on the tokio runtime and reply when their chunks arrive, so a FUSE
+//! worker thread is never blocked on the object store; metadata answers come straight from
+//! the in-memory tree. Attributes and entries never expire (the data is immutable) and files
+//! open with `FOPEN_KEEP_CACHE`, so the page cache survives reopening.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request,
+    TimeOrNow, WriteFlags,
+};
+use tokio::runtime::Handle;
+
+use crate::error::FsError;
+use crate::fs::SealedFs;
+use crate::tree::{Attr, NodeType};
+
+/// "Forever" for the kernel's attribute and entry caches: the data cannot change.
+const TTL: Duration = Duration::from_secs(365 * 24 * 3600);
+/// Largest read or write request the kernel sends.
+pub const MAX_REQUEST: u32 = 1 << 20;
+
+pub struct FuseAdapter {
+    fs: Arc<SealedFs>,
+    runtime: Handle,
+    uid: u32,
+    gid: u32,
+}
+
+impl FuseAdapter {
+    pub fn new(fs: Arc<SealedFs>, runtime: Handle) -> Self {
+        // SAFETY: getuid/getgid cannot fail and touch no memory.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        FuseAdapter {
+            fs,
+            runtime,
+            uid,
+            gid,
+        }
+    }
+
+    fn attr(&self, a: &Attr) -> FileAttr {
+        let kind = match a.kind {
+            NodeType::Dir => FileType::Directory,
+            NodeType::File => FileType::RegularFile,
+            NodeType::Symlink => FileType::Symlink,
+        };
+        FileAttr {
+            ino: INodeNo(a.ino),
+            size: a.size,
+            blocks: a.size.div_ceil(512),
+            atime: SystemTime::UNIX_EPOCH,
+            mtime: SystemTime::UNIX_EPOCH,
+            ctime: SystemTime::UNIX_EPOCH,
+            crtime: SystemTime::UNIX_EPOCH,
+            kind,
+            perm: a.perm,
+            nlink: a.nlink,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: MAX_REQUEST,
+            flags: 0,
+        }
+    }
+}
+
+fn errno(e: &FsError) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+impl Filesystem for FuseAdapter {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(MAX_REQUEST);
+        if let Err(nearest) = config.set_max_readahead(MAX_REQUEST) {
+            let _ = config.set_max_readahead(nearest);
+        }
+        let _ = config.set_max_background(64);
+        let _ = config.set_congestion_threshold(48);
+        let wanted = InitFlags::FUSE_CACHE_SYMLINKS | InitFlags::FUSE_PARALLEL_DIROPS;
+        let _ = config.add_capabilities(wanted & config.capabilities());
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.fs.lookup(parent.0, name.as_bytes()) {
+            Ok(a) => reply.entry(&TTL, &self.attr(&a), Generation(0)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.getattr(ino.0) {
+            Ok(a) => reply.attr(&TTL, &self.attr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        _size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        _mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.fs.readlink(ino.0) {
+            Ok(target) => reply.data(target.as_bytes()),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn symlink(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _link_name: &OsStr,
+        _target: &Path,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        _flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let write = flags.acc_mode() != OpenAccMode::O_RDONLY
+            || flags.0 & (libc::O_TRUNC | libc::O_APPEND) != 0;
+        match self.fs.open(ino.0, write) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let fs = self.fs.clone();
+        self.runtime.spawn(async move {
+            match fs.read(ino.0, Some(fh.0), offset, size).await {
+                Ok(data) => reply.data(&data),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.release(fh.0);
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.getattr(ino.0) {
+            Ok(a) if a.kind == NodeType::Dir => reply.opened(
+                FileHandle(0),
+                FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
+            ),
+            Ok(_) => reply.error(Errno::ENOTDIR),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let entries = match self.fs.readdir(ino.0, offset) {
+            Ok(entries) => entries,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        for (i, entry) in entries.iter().enumerate() {
+            let kind = match entry.kind {
+                NodeType::Dir => FileType::Directory,
+                NodeType::File => FileType::RegularFile,
+                NodeType::Symlink => FileType::Symlink,
+            };
+            let next = offset + i as u64 + 1;
+            if reply.add(INodeNo(entry.ino), next, kind, &entry.name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let s = self.fs.statfs();
+        reply.statfs(
+            s.blocks,
+            0,
+            0,
+            s.files,
+            0,
+            s.block_size,
+            s.name_max,
+            s.block_size,
+        );
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _length: u64,
+        _mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+}

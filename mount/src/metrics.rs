@@ -1,0 +1,116 @@
+//! Counters for the node plugin's metrics: a plain struct of atomics, so the CSI driver can
+//! export them to Prometheus without this crate knowing about Prometheus.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Shared by every mount that uses the same [`crate::NodeCache`].
+#[derive(Debug, Default)]
+pub struct MountMetrics {
+    /// Chunk lookups answered by the in-memory tier (readahead lands there).
+    pub memory_hits: AtomicU64,
+    pub memory_misses: AtomicU64,
+    /// Chunk lookups answered by the node disk cache.
+    pub disk_hits: AtomicU64,
+    pub disk_misses: AtomicU64,
+    /// Chunks and bytes fetched from the object store.
+    pub store_fetches: AtomicU64,
+    pub store_bytes_fetched: AtomicU64,
+    /// Fetches from the object store that ended in an error (after retries).
+    pub store_errors: AtomicU64,
+    /// Single attempts that hit the per-attempt timeout.
+    pub store_timeouts: AtomicU64,
+    /// Sum and count of successful object-store fetch latencies, in microseconds.
+    pub fetch_latency_us_sum: AtomicU64,
+    pub fetch_latency_us_max: AtomicU64,
+    /// Chunks whose bytes did not match their digest (store or disk); never served.
+    pub verification_failures: AtomicU64,
+    /// Bytes being fetched from the object store right now (a gauge).
+    pub bytes_in_flight: AtomicU64,
+    /// Readahead bytes fetched ahead of readers right now (a gauge, bounded by the budget).
+    pub prefetch_bytes_in_flight: AtomicU64,
+    /// Readahead chunks skipped because the global prefetch budget was spent.
+    pub prefetch_skipped: AtomicU64,
+    /// Readahead chunks issued.
+    pub prefetch_issued: AtomicU64,
+    /// Bytes held by the disk cache and evictions it made (gauge, counter).
+    pub disk_cache_bytes: AtomicU64,
+    pub disk_evictions: AtomicU64,
+    /// Bytes held by the memory tier (a gauge).
+    pub memory_cache_bytes: AtomicU64,
+    /// Bytes returned to readers through `read`.
+    pub bytes_read: AtomicU64,
+    /// Reads answered with EIO.
+    pub read_errors: AtomicU64,
+}
+
+/// A point-in-time copy of [`MountMetrics`], for printing and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct MetricsSnapshot {
+    pub memory_hits: u64,
+    pub memory_misses: u64,
+    pub disk_hits: u64,
+    pub disk_misses: u64,
+    pub store_fetches: u64,
+    pub store_bytes_fetched: u64,
+    pub store_errors: u64,
+    pub store_timeouts: u64,
+    pub fetch_latency_us_sum: u64,
+    pub fetch_latency_us_max: u64,
+    pub verification_failures: u64,
+    pub bytes_in_flight: u64,
+    pub prefetch_bytes_in_flight: u64,
+    pub prefetch_skipped: u64,
+    pub prefetch_issued: u64,
+    pub disk_cache_bytes: u64,
+    pub disk_evictions: u64,
+    pub memory_cache_bytes: u64,
+    pub bytes_read: u64,
+    pub read_errors: u64,
+}
+
+impl MountMetrics {
+    pub(crate) fn inc(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn sub(counter: &AtomicU64, n: u64) {
+        counter.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn record_fetch_latency(&self, elapsed: Duration) {
+        let us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        self.fetch_latency_us_sum.fetch_add(us, Ordering::Relaxed);
+        self.fetch_latency_us_max.fetch_max(us, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> MetricsSnapshot {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        MetricsSnapshot {
+            memory_hits: g(&self.memory_hits),
+            memory_misses: g(&self.memory_misses),
+            disk_hits: g(&self.disk_hits),
+            disk_misses: g(&self.disk_misses),
+            store_fetches: g(&self.store_fetches),
+            store_bytes_fetched: g(&self.store_bytes_fetched),
+            store_errors: g(&self.store_errors),
+            store_timeouts: g(&self.store_timeouts),
+            fetch_latency_us_sum: g(&self.fetch_latency_us_sum),
+            fetch_latency_us_max: g(&self.fetch_latency_us_max),
+            verification_failures: g(&self.verification_failures),
+            bytes_in_flight: g(&self.bytes_in_flight),
+            prefetch_bytes_in_flight: g(&self.prefetch_bytes_in_flight),
+            prefetch_skipped: g(&self.prefetch_skipped),
+            prefetch_issued: g(&self.prefetch_issued),
+            disk_cache_bytes: g(&self.disk_cache_bytes),
+            disk_evictions: g(&self.disk_evictions),
+            memory_cache_bytes: g(&self.memory_cache_bytes),
+            bytes_read: g(&self.bytes_read),
+            read_errors: g(&self.read_errors),
+        }
+    }
+}

@@ -1,0 +1,350 @@
+//! Mounting and unmounting: the entry point the CLI and the CSI node plugin share.
+
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
+use sealed_store::{ChunkStore, Digest};
+use tokio::sync::watch;
+
+use crate::error::MountError;
+use crate::fetch::NodeCache;
+use crate::fs::SealedFs;
+use crate::fuse::FuseAdapter;
+use crate::metrics::MountMetrics;
+use crate::prefetch::ReadaheadPolicy;
+use crate::tree::Tree;
+use crate::warm::{PrefetchSelection, WarmReport, warm};
+
+/// How one version is mounted. The node-wide cache settings live in [`NodeCache`].
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    pub readahead: ReadaheadPolicy,
+    /// Background prefetch into the disk cache after mounting.
+    pub prefetch: PrefetchSelection,
+    pub prefetch_concurrency: usize,
+    /// FUSE worker threads (each with its own cloned /dev/fuse fd).
+    pub threads: usize,
+    /// Let every user read the mount (`allow_other`); default: when running as root.
+    pub allow_other: Option<bool>,
+    /// Kernel readahead for the mount's backing device, KiB (best effort; needs root).
+    pub kernel_readahead_kb: Option<u32>,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            readahead: ReadaheadPolicy::default(),
+            prefetch: PrefetchSelection::None,
+            prefetch_concurrency: 8,
+            threads: 4,
+            allow_other: None,
+            kernel_readahead_kb: Some(8192),
+        }
+    }
+}
+
+/// A mounted version, served by background threads until [`MountHandle::unmount`] or until
+/// someone unmounts the directory (`sealed umount`, `umount`). Dropping the handle unmounts.
+pub struct MountHandle {
+    fs: Arc<SealedFs>,
+    mountpoint: PathBuf,
+    unmounter: Option<SessionUnmounter>,
+    thread: Option<JoinHandle<io::Result<()>>>,
+    ended: watch::Receiver<bool>,
+    warm: Option<tokio::task::JoinHandle<Result<WarmReport, MountError>>>,
+    device: Option<u64>,
+    ready_in: Duration,
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    unsafe { libc::geteuid() == 0 }
+}
+
+impl MountHandle {
+    /// Mounts `digest` from `store` at `mountpoint` and serves it in the background. Only the
+    /// manifest is fetched before this returns; file bytes stream in as they are read.
+    /// Must be called within a tokio runtime, which then serves the reads.
+    pub async fn spawn(
+        store: ChunkStore,
+        digest: Digest,
+        mountpoint: impl AsRef<Path>,
+        cache: NodeCache,
+        options: MountOptions,
+    ) -> Result<MountHandle, MountError> {
+        let started = Instant::now();
+        let mountpoint = mountpoint.as_ref().to_path_buf();
+        let bad_dir = |reason: String| MountError::MountPoint {
+            path: mountpoint.clone(),
+            reason,
+        };
+        match std::fs::metadata(&mountpoint) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return Err(bad_dir("not a directory".into())),
+            Err(e) => return Err(bad_dir(e.to_string())),
+        }
+        let manifest = store.get_manifest(&digest).await?;
+        let tree =
+            Tree::build(manifest).map_err(|reason| MountError::BadManifest { digest, reason })?;
+        let fs = Arc::new(SealedFs::new(digest, tree, store, cache, options.readahead));
+        let adapter = FuseAdapter::new(fs.clone(), tokio::runtime::Handle::current());
+
+        let mut config = Config::default();
+        config.mount_options = vec![
+            MountOption::RO,
+            MountOption::NoDev,
+            MountOption::NoSuid,
+            MountOption::NoAtime,
+            MountOption::DefaultPermissions,
+            MountOption::FSName(format!("sealed-{}", digest.hex())),
+            MountOption::Subtype("sealed".into()),
+        ];
+        config.acl = if options.allow_other.unwrap_or_else(is_root) {
+            SessionACL::All
+        } else {
+            SessionACL::Owner
+        };
+        config.n_threads = Some(options.threads.max(1));
+        config.clone_fd = options.threads > 1;
+
+        let mp = mountpoint.clone();
+        let mut session = tokio::task::spawn_blocking(move || Session::new(adapter, &mp, &config))
+            .await
+            .map_err(|e| MountError::Mount {
+                path: mountpoint.clone(),
+                source: io::Error::other(e.to_string()),
+            })?
+            .map_err(|source| MountError::Mount {
+                path: mountpoint.clone(),
+                source,
+            })?;
+        let unmounter = session.unmount_callable();
+        let (tx, ended) = watch::channel(false);
+        let thread = std::thread::Builder::new()
+            .name("sealed-fuse".into())
+            .spawn(move || {
+                let result = session.run();
+                let _ = tx.send(true);
+                result
+            })
+            .map_err(|source| MountError::Mount {
+                path: mountpoint.clone(),
+                source,
+            })?;
+        let ready_in = started.elapsed();
+
+        // Now that requests are served, look at the mount: its device names the kernel's
+        // readahead knob and the FUSE connection.
+        let mp = mountpoint.clone();
+        let ra = options.kernel_readahead_kb;
+        let device = tokio::task::spawn_blocking(move || {
+            let dev = std::fs::metadata(&mp).ok()?.dev();
+            if let Some(kb) = ra {
+                set_kernel_readahead(dev, kb);
+            }
+            Some(dev)
+        })
+        .await
+        .ok()
+        .flatten();
+
+        let warm = match &options.prefetch {
+            PrefetchSelection::None => None,
+            selection => {
+                let selection = selection.clone();
+                let fs = fs.clone();
+                let concurrency = options.prefetch_concurrency;
+                Some(tokio::spawn(async move {
+                    let report = warm(fs, &selection, concurrency).await?;
+                    tracing::info!(?report, "background prefetch done");
+                    Ok(report)
+                }))
+            }
+        };
+        tracing::info!(
+            %digest,
+            mountpoint = %mountpoint.display(),
+            files = fs.tree().len(),
+            bytes = fs.tree().total_bytes(),
+            ready_ms = ready_in.as_millis() as u64,
+            "mounted"
+        );
+        Ok(MountHandle {
+            fs,
+            mountpoint,
+            unmounter: Some(unmounter),
+            thread: Some(thread),
+            ended,
+            warm,
+            device,
+            ready_in,
+        })
+    }
+
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    pub fn fs(&self) -> &Arc<SealedFs> {
+        &self.fs
+    }
+
+    pub fn metrics(&self) -> &MountMetrics {
+        self.fs.metrics()
+    }
+
+    /// From the call to [`MountHandle::spawn`] to the mount serving requests.
+    pub fn ready_in(&self) -> Duration {
+        self.ready_in
+    }
+
+    /// True once the filesystem is no longer served (unmounted by anyone).
+    pub fn has_ended(&self) -> bool {
+        *self.ended.borrow()
+    }
+
+    /// Waits until the directory is unmounted by someone else.
+    pub async fn wait(&mut self) {
+        let _ = self.ended.wait_for(|ended| *ended).await;
+    }
+
+    /// Waits for the background prefetch (if any) to finish.
+    pub async fn wait_for_prefetch(&mut self) -> Option<Result<WarmReport, MountError>> {
+        let task = self.warm.take()?;
+        Some(task.await.unwrap_or_else(|e| {
+            Err(MountError::Mount {
+                path: self.mountpoint.clone(),
+                source: io::Error::other(e.to_string()),
+            })
+        }))
+    }
+
+    /// Unmounts and stops serving. If files are still open (EBUSY) the mount is detached
+    /// lazily and its FUSE connection aborted, so this never hangs.
+    pub async fn unmount(mut self) -> Result<(), MountError> {
+        if let Some(task) = self.warm.take() {
+            task.abort();
+        }
+        let unmounter = self.unmounter.take();
+        let path = self.mountpoint.clone();
+        let device = self.device;
+        let detached = tokio::task::spawn_blocking(move || -> Result<bool, MountError> {
+            let Some(mut unmounter) = unmounter else {
+                return Ok(false);
+            };
+            match unmounter.unmount() {
+                Ok(()) => Ok(false),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "unmount failed; detaching");
+                    unmount(&path, true)?;
+                    if let Some(dev) = device {
+                        abort_connection(dev);
+                    }
+                    Ok(true)
+                }
+            }
+        })
+        .await
+        .map_err(|e| MountError::Unmount {
+            path: self.mountpoint.clone(),
+            source: io::Error::other(e.to_string()),
+        })??;
+        // The serving threads end once the kernel closes the connection.
+        let wait = self.ended.wait_for(|ended| *ended);
+        let limit = if detached {
+            Duration::from_secs(2)
+        } else {
+            Duration::from_secs(10)
+        };
+        if tokio::time::timeout(limit, wait).await.is_ok()
+            && let Some(thread) = self.thread.take()
+        {
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+        tracing::info!(mountpoint = %self.mountpoint.display(), "unmounted");
+        Ok(())
+    }
+}
+
+impl Drop for MountHandle {
+    fn drop(&mut self) {
+        if let Some(task) = self.warm.take() {
+            task.abort();
+        }
+        if let Some(mut unmounter) = self.unmounter.take()
+            && !self.has_ended()
+            && unmounter.unmount().is_err()
+        {
+            let _ = unmount(&self.mountpoint, true);
+            if let Some(dev) = self.device {
+                abort_connection(dev);
+            }
+        }
+    }
+}
+
+/// Unmounts `path` (`sealed umount`). `lazy` detaches it even while files are open. Without
+/// root, falls back to `fusermount3 -u` / `fusermount -u` when one is installed.
+pub fn unmount(path: &Path, lazy: bool) -> Result<(), MountError> {
+    let err = |source| MountError::Unmount {
+        path: path.to_path_buf(),
+        source,
+    };
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| err(io::Error::new(io::ErrorKind::InvalidInput, e)))?;
+    let flags = if lazy { libc::MNT_DETACH } else { 0 };
+    // SAFETY: c_path is a valid NUL-terminated string for the duration of the call.
+    let rc = unsafe { libc::umount2(c_path.as_ptr(), flags) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EPERM) {
+        for tool in ["fusermount3", "fusermount"] {
+            let mut cmd = std::process::Command::new(tool);
+            cmd.arg("-u");
+            if lazy {
+                cmd.arg("-z");
+            }
+            if let Ok(status) = cmd.arg(path).status()
+                && status.success()
+            {
+                return Ok(());
+            }
+        }
+    }
+    Err(err(e))
+}
+
+fn split_dev(dev: u64) -> (u64, u64) {
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    (major, minor)
+}
+
+/// Raises the kernel's readahead for the mount so that sequential reads arrive as large
+/// requests (the FUSE default is 128 KiB). Best effort.
+fn set_kernel_readahead(dev: u64, kb: u32) {
+    let (major, minor) = split_dev(dev);
+    let knob = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
+    if let Err(e) = std::fs::write(&knob, kb.to_string()) {
+        tracing::debug!(knob, error = %e, "cannot set kernel readahead");
+    }
+}
+
+/// Aborts the FUSE connection of a detached mount so that nothing waits on it. Best effort
+/// (needs the fusectl filesystem at /sys/fs/fuse/connections).
+fn abort_connection(dev: u64) {
+    let (major, minor) = split_dev(dev);
+    let id = (major << 20) | minor;
+    let knob = format!("/sys/fs/fuse/connections/{id}/abort");
+    if let Err(e) = std::fs::write(&knob, "1") {
+        tracing::debug!(knob, error = %e, "cannot abort FUSE connection");
+    }
+}
