@@ -147,8 +147,11 @@ impl NodeCache {
             return Ok(data);
         }
         MountMetrics::inc(&metrics.memory_misses);
-        let data = self.flight(store, chunk).await?;
-        self.inner.memory.put(digest, &data);
+        let data = self.flight(store, chunk, true).await?;
+        // A flight started by `warm` does not fill memory; this reader wants it there.
+        if !self.inner.memory.contains(digest) {
+            self.inner.memory.put(digest, &data);
+        }
         Ok(data)
     }
 
@@ -157,7 +160,7 @@ impl NodeCache {
     pub async fn warm(&self, store: &ChunkStore, chunk: &ChunkRef) -> Result<(), FetchError> {
         match &self.inner.disk {
             Some(disk) if disk.contains(&chunk.digest) => Ok(()),
-            Some(_) => self.flight(store, chunk).await.map(drop),
+            Some(_) => self.flight(store, chunk, false).await.map(drop),
             None => self.get(store, chunk).await.map(drop),
         }
     }
@@ -167,6 +170,7 @@ impl NodeCache {
         &self,
         store: &ChunkStore,
         chunk: &ChunkRef,
+        into_memory: bool,
     ) -> impl Future<Output = Result<Bytes, FetchError>> + use<> {
         let mut inflight = self.inner.inflight.lock();
         if let Some(flight) = inflight.get(&chunk.digest) {
@@ -180,6 +184,10 @@ impl NodeCache {
         // does not cancel it for the others.
         let task = tokio::spawn(async move {
             let result = this.fetch_uncached(&store, &chunk).await;
+            // Fill memory before leaving the table, so no reader falls between the two.
+            if into_memory && let Ok(data) = &result {
+                this.inner.memory.put(&digest, data);
+            }
             this.inner.inflight.lock().remove(&digest);
             result
         });

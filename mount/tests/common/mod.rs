@@ -1,0 +1,231 @@
+//! Shared test fixtures: a generated source tree, a pushed version, and a store that can be
+//! made to hang or fail on demand.
+#![allow(dead_code)]
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use object_store::path::Path as ObjectPath;
+use object_store::{
+    GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult,
+};
+use rand::{Rng, SeedableRng};
+use sealed_store::push::{PushOptions, push};
+use sealed_store::{ChunkStore, Digest, NoProgress};
+
+/// Deterministic pseudo-random bytes (incompressible, so chunking cuts real chunks).
+pub fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut v = vec![0u8; len];
+    rng.fill(&mut v[..]);
+    v
+}
+
+/// A tree with the shapes that matter: empty and tiny files, multi-chunk files, an
+/// executable, nested directories, names that sort differently as paths and as names,
+/// relative symlinks, a file that shares most of its chunks with another.
+pub fn make_tree(root: &Path) {
+    let w = |rel: &str, data: &[u8]| {
+        let p = root.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, data).unwrap();
+    };
+    w("empty", b"");
+    w("tiny.txt", b"hello\n");
+    w("config.json", br#"{"a": 1}"#);
+    let big = random_bytes(1, 9 << 20);
+    w("weights/model-00001.bin", &big);
+    let mut shared = big[..6 << 20].to_vec();
+    shared.extend_from_slice(&random_bytes(2, 1 << 20));
+    w("weights/model-copy.bin", &shared);
+    w("weights/small.bin", &random_bytes(3, 300_000));
+    w("a/b/c/deep.txt", b"deep\n");
+    w("a-b", b"sorts before a/ as a path\n");
+    w("bin/run.sh", b"#!/bin/sh\necho hi\n");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        root.join("bin/run.sh"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("weights/model-00001.bin", root.join("link-to-model")).unwrap();
+    std::os::unix::fs::symlink("../tiny.txt", root.join("a/up-link")).unwrap();
+    std::fs::create_dir_all(root.join("empty-dir")).unwrap();
+}
+
+pub async fn push_dir(store: &ChunkStore, dir: &Path) -> Digest {
+    push(store, dir, &PushOptions::default(), Arc::new(NoProgress))
+        .await
+        .expect("push")
+        .digest
+}
+
+/// A file:// store in a temp dir, plus a source tree pushed into it.
+pub struct Fixture {
+    pub _tmp: tempfile::TempDir,
+    pub src: PathBuf,
+    pub store_dir: PathBuf,
+    pub store: ChunkStore,
+    pub digest: Digest,
+}
+
+pub async fn fixture() -> Fixture {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    make_tree(&src);
+    let store_dir = tmp.path().join("store");
+    std::fs::create_dir_all(&store_dir).unwrap();
+    let store = ChunkStore::open(
+        &format!("file://{}", store_dir.display()),
+        &sealed_store::StoreOptions::default(),
+    )
+    .await
+    .unwrap();
+    let digest = push_dir(&store, &src).await;
+    Fixture {
+        _tmp: tmp,
+        src,
+        store_dir,
+        store,
+        digest,
+    }
+}
+
+/// Overwrites the stored bytes of a chunk in a file:// store.
+pub fn corrupt_chunk(store_dir: &Path, digest: &Digest) {
+    let path = store_dir.join(ChunkStore::chunk_key(digest).as_ref());
+    let mut data = std::fs::read(&path).unwrap();
+    data[0] ^= 0xff;
+    std::fs::write(&path, data).unwrap();
+}
+
+pub const OK: u8 = 0;
+pub const HANG: u8 = 1;
+pub const FAIL: u8 = 2;
+
+/// Wraps a store; chunk GETs can be made to hang or fail, and are counted.
+#[derive(Debug)]
+pub struct FaultyStore {
+    pub inner: Arc<dyn ObjectStore>,
+    pub mode: AtomicU8,
+    pub chunk_gets: AtomicU64,
+}
+
+impl FaultyStore {
+    pub fn wrap(inner: Arc<dyn ObjectStore>) -> Arc<FaultyStore> {
+        Arc::new(FaultyStore {
+            inner,
+            mode: AtomicU8::new(OK),
+            chunk_gets: AtomicU64::new(0),
+        })
+    }
+
+    pub fn set(&self, mode: u8) {
+        self.mode.store(mode, Ordering::SeqCst);
+    }
+
+    pub fn gets(&self) -> u64 {
+        self.chunk_gets.load(Ordering::SeqCst)
+    }
+}
+
+impl fmt::Display for FaultyStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "faulty({})", self.inner)
+    }
+}
+
+#[async_trait]
+impl ObjectStore for FaultyStore {
+    async fn put_opts(
+        &self,
+        location: &ObjectPath,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &ObjectPath,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(
+        &self,
+        location: &ObjectPath,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        if location.as_ref().starts_with("chunks/") {
+            self.chunk_gets.fetch_add(1, Ordering::SeqCst);
+            match self.mode.load(Ordering::SeqCst) {
+                HANG => futures::future::pending::<()>().await,
+                FAIL => {
+                    return Err(object_store::Error::Generic {
+                        store: "faulty",
+                        source: "injected failure".into(),
+                    });
+                }
+                _ => {}
+            }
+        }
+        self.inner.get_opts(location, options).await
+    }
+
+    async fn delete(&self, location: &ObjectPath) -> object_store::Result<()> {
+        self.inner.delete(location).await
+    }
+
+    fn list(
+        &self,
+        prefix: Option<&ObjectPath>,
+    ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(
+        &self,
+        prefix: Option<&ObjectPath>,
+    ) -> object_store::Result<ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy(&self, from: &ObjectPath, to: &ObjectPath) -> object_store::Result<()> {
+        self.inner.copy(from, to).await
+    }
+
+    async fn copy_if_not_exists(
+        &self,
+        from: &ObjectPath,
+        to: &ObjectPath,
+    ) -> object_store::Result<()> {
+        self.inner.copy_if_not_exists(from, to).await
+    }
+}
+
+/// Every path under `root` (relative, sorted), for comparing trees.
+pub fn walk(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let e = e.unwrap();
+            let rel = e.path().strip_prefix(root).unwrap().to_path_buf();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            }
+            out.push(rel);
+        }
+    }
+    out.sort();
+    out
+}
