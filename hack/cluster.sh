@@ -226,15 +226,17 @@ setup_host() {
     ip addr add "$NODE_IP/24" dev "$BRIDGE"
   fi
   ip link set "$BRIDGE" up
+  block_pod_egress
   mkdir -p "$DIR/cni/net.d" "$KUBELET_DIR" "$DIR/pod-logs"
-  # No masquerading and no forwarding changes: pods reach the node and each other only.
+  # The bridge already has the gateway address, so the plugin need not be the gateway:
+  # as one it would also turn on IP forwarding. No masquerading either.
   cat >"$DIR/cni/net.d/10-sealed.conflist" <<EOF
 {
   "cniVersion": "0.4.0",
   "name": "sealed",
   "plugins": [
     {
-      "type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+      "type": "bridge", "bridge": "$BRIDGE", "isGateway": false, "ipMasq": false, "hairpinMode": true,
       "ipam": {
         "type": "host-local", "dataDir": "$DIR/cni/ipam",
         "ranges": [[{"subnet": "$POD_CIDR", "gateway": "$NODE_IP"}]],
@@ -245,6 +247,16 @@ setup_host() {
   ]
 }
 EOF
+}
+
+# Pods may reach the node and each other, never anything off this machine, even where
+# IP forwarding is on for other reasons.
+EGRESS_RULE=(FORWARD -i "$BRIDGE" ! -o "$BRIDGE" -m comment --comment "sealed-cluster: pods stay on this machine" -j DROP)
+block_pod_egress() {
+  iptables -w -C "${EGRESS_RULE[@]}" 2>/dev/null || iptables -w -I "${EGRESS_RULE[@]}"
+}
+unblock_pod_egress() {
+  while iptables -w -C "${EGRESS_RULE[@]}" 2>/dev/null; do iptables -w -D "${EGRESS_RULE[@]}"; done
 }
 
 start_containerd() {
@@ -335,7 +347,12 @@ EOF
     die "the kubelet did not register; see $LOGS/kubelet.log"
   kubectl_admin wait --for=condition=Ready "node/$NODE_NAME" --timeout=180s >/dev/null ||
     die "node $NODE_NAME is not Ready; see $LOGS/kubelet.log and $LOGS/containerd.log"
+  # Until kube-proxy's first sync, pods cannot reach the API server's Service.
+  wait_for "kube-proxy to program the kubernetes Service" 60 service_programmed ||
+    die "kube-proxy did not program Services; see $LOGS/kube-proxy.log"
 }
+
+service_programmed() { iptables -w -t nat -S KUBE-SERVICES 2>/dev/null | grep -q 'default/kubernetes:https'; }
 
 # --- teardown --------------------------------------------------------------
 
@@ -379,6 +396,7 @@ cleanup_network() {
     ip link del "$veth" 2>/dev/null || true
   done
   ip link del "$BRIDGE" 2>/dev/null || true
+  command -v iptables >/dev/null && unblock_pod_egress
   # Remove the kubelet's and kube-proxy's KUBE-* chains and rules, leave all else as it was.
   local save restore
   for save in iptables-save ip6tables-save; do

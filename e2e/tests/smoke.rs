@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
@@ -55,6 +55,19 @@ async fn install_crd(client: &Client) -> Result<()> {
     Ok(())
 }
 
+/// Creates `obj`, retrying while the new CRD's endpoint still answers 404.
+async fn create_retrying(api: &Api<DynamicObject>, obj: &DynamicObject) -> Result<()> {
+    let mut attempt = 0;
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        match api.create(&PostParams::default(), obj).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 && attempt < 50 => attempt += 1,
+            Err(e) => return Err(e).context("cannot create the custom object"),
+        }
+    }
+}
+
 #[tokio::test]
 async fn crd_object_is_seen_by_a_watcher() -> Result<()> {
     let Some(cluster) = sealed_e2e::cluster("crd_object_is_seen_by_a_watcher").await else {
@@ -68,9 +81,21 @@ async fn crd_object_is_seen_by_a_watcher() -> Result<()> {
     let api = Api::<DynamicObject>::namespaced_with(cluster.client.clone(), &ns, &ar);
 
     // Start watching before the create, so the test proves the watch delivers it.
+    // Right after a CRD is established its endpoint can still answer 404 for a moment;
+    // the watcher retries (with backoff) and its transient errors are only logged.
     let mut seen = watcher(api.clone(), watcher::Config::default())
+        .default_backoff()
         .applied_objects()
-        .try_filter(|o| futures::future::ready(o.metadata.name.as_deref() == Some("w1")))
+        .filter_map(|r| {
+            futures::future::ready(match r {
+                Ok(o) if o.metadata.name.as_deref() == Some("w1") => Some(o),
+                Ok(_) => None,
+                Err(e) => {
+                    eprintln!("watch error (retried): {e}");
+                    None
+                }
+            })
+        })
         .boxed();
     let obj: DynamicObject = serde_json::from_value(serde_json::json!({
         "apiVersion": "e2e.sealedvolumes.io/v1",
@@ -81,16 +106,12 @@ async fn crd_object_is_seen_by_a_watcher() -> Result<()> {
     // The watcher's first list may race the create; either way the object must arrive.
     let (got, created) = tokio::join!(
         tokio::time::timeout(Duration::from_secs(30), seen.next()),
-        async {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            api.create(&PostParams::default(), &obj).await
-        }
+        create_retrying(&api, &obj)
     );
-    created.context("cannot create the custom object")?;
+    created?;
     let got = got
         .context("the watcher saw nothing within 30s")?
-        .context("the watch stream ended")?
-        .context("the watch failed")?;
+        .context("the watch stream ended")?;
     assert_eq!(got.data["spec"]["digest"], "blake3:00ff");
 
     cluster.delete_namespace(&ns).await?;
