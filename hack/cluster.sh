@@ -59,7 +59,8 @@ start() {
   shift
   is_running "$name" && { log "$name already running (pid $(pid_of "$name"))"; return 0; }
   log "starting $name"
-  setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null &
+  # fd 9 is our lock: a daemon must not inherit it, or the next `up` would wait for it.
+  setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null 9>&- &
   echo $! >"$RUN/$name.pid"
   sleep 0.2
   is_running "$name" || die "$name exited at once; see $LOGS/$name.log:
@@ -419,6 +420,7 @@ cleanup_cgroups() {
 
 cmd_down() {
   need_root "hack/cluster.sh down"
+  take_lock
   [[ -d $DIR ]] || { log "no cluster state in $DIR"; }
   stop kube-proxy kubelet
   stop_containers
@@ -465,8 +467,28 @@ healthy() {
   kubectl_admin get --raw /readyz >/dev/null 2>&1
 }
 
+# Serialises up/down: test runners may start several test processes at once.
+LOCKED=0
+take_lock() {
+  ((LOCKED)) && return 0
+  LOCKED=1
+  exec 9>/run/lock/sealed-cluster.lock
+  flock -w 600 9 || die "another hack/cluster.sh has held /run/lock/sealed-cluster.lock for 10 min"
+}
+
+# A port held by something else would make a component fail in a confusing way later.
+check_ports_free() {
+  local port
+  for port in "$@"; do
+    if ss -Hltn "sport = :$port" | grep -q .; then
+      die "port $port is in use by another program (ss -ltnp 'sport = :$port'); stop it first"
+    fi
+  done
+}
+
 cmd_up() {
   need_root "hack/cluster.sh up"
+  take_lock
   local node=1
   case "${1:-}" in
     --control-plane-only) node=0 ;;
@@ -491,6 +513,8 @@ cmd_up() {
   apt_ensure openssl curl iproute2 util-linux
   ((node)) && apt_ensure containerd runc containernetworking-plugins iptables conntrack \
     umoci skopeo busybox-static
+  healthy "${CONTROL_PLANE[@]}" || check_ports_free "$ETCD_PORT" 12380 12381 "$APISERVER_PORT" 10257 10259
+  ((node)) && ! is_running kubelet && check_ports_free 10250 10248 10249 10256
   mkdir -p "$RUN" "$LOGS"
   gen_pki
   gen_kubeconfigs

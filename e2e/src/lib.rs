@@ -212,3 +212,31 @@ pub fn busybox_pod(name: &str, script: &str) -> Result<Pod> {
         }
     }))?)
 }
+
+/// Wraps a static binary into an image `reference` (`NAME:TAG`) with
+/// `hack/images.sh binary` and imports it into the running cluster; `extra` entries are
+/// `SRC[:DEST]` files to add. Returns the image archive's path.
+pub fn image_from_binary(reference: &str, binary: &Path, extra: &[&str]) -> Result<PathBuf> {
+    let script = repo_root().join("hack/images.sh");
+    let out = Command::new(&script)
+        .arg("binary")
+        .arg(reference)
+        .arg(binary)
+        .args(extra)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("cannot run {}", script.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} binary {reference} failed ({})",
+            script.display(),
+            out.status
+        );
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let archive = stdout
+        .lines()
+        .last()
+        .context("hack/images.sh printed no archive path")?;
+    Ok(PathBuf::from(archive))
+}

@@ -149,3 +149,36 @@ async fn busybox_pod_runs_to_completion() -> Result<()> {
     cluster.delete_namespace(&ns).await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn image_from_a_static_binary_runs() -> Result<()> {
+    let Some(cluster) = sealed_e2e::cluster("image_from_a_static_binary_runs").await else {
+        return Ok(());
+    };
+    // busybox-static stands in for our own static binaries (operator, CSI plugin).
+    sealed_e2e::image_from_binary(
+        "sealed.local/e2e-static:v1",
+        std::path::Path::new("/bin/busybox"),
+        &[],
+    )?;
+    let ns = cluster.temp_namespace("e2e-img").await?;
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "static" },
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": "main",
+                "image": "sealed.local/e2e-static:v1",
+                "imagePullPolicy": "Never",
+                "args": ["echo", "static-binary-image-ok"],
+            }],
+        }
+    }))?;
+    let (phase, log) = cluster
+        .run_pod_to_completion(&ns, &pod, Duration::from_secs(120))
+        .await?;
+    assert_eq!(phase, "Succeeded", "pod log:\n{log}");
+    assert!(log.contains("static-binary-image-ok"), "pod log:\n{log}");
+    cluster.delete_namespace(&ns).await?;
+    Ok(())
+}
