@@ -27,7 +27,8 @@ impl Env {
     }
     fn sealed(&self) -> Command {
         let mut c = Command::cargo_bin("sealed").unwrap();
-        c.env("SEALED_STORE", self.store_url()).env_remove("SEALED_LOG");
+        c.env("SEALED_STORE", self.store_url())
+            .env_remove("SEALED_LOG");
         c
     }
     fn run(&self, args: &[&str]) -> (bool, String, String) {
@@ -46,7 +47,9 @@ impl Env {
         d
     }
     fn manifests(&self) -> usize {
-        std::fs::read_dir(self.path("store/manifests")).map(|d| d.count()).unwrap_or(0)
+        std::fs::read_dir(self.path("store/manifests"))
+            .map(|d| d.count())
+            .unwrap_or(0)
     }
     /// Push that must fail; returns stderr. Checks nothing was sealed.
     fn push_fails(&self, dir: &Path) -> String {
@@ -65,7 +68,10 @@ fn push_prints_the_digest_alone_and_round_trips() {
     let (ok, stdout, _) = env.run(&["push", src.to_str().unwrap()]);
     assert!(ok);
     let digest = stdout.trim();
-    assert!(digest.starts_with("blake3:") && digest.len() == 71, "{stdout:?}");
+    assert!(
+        digest.starts_with("blake3:") && digest.len() == 71,
+        "{stdout:?}"
+    );
 
     let (ok, json, _) = env.run(&["push", src.to_str().unwrap(), "-o", "json"]);
     assert!(ok);
@@ -76,7 +82,10 @@ fn push_prints_the_digest_alone_and_round_trips() {
     let out = env.path("out");
     let (ok, _, stderr) = env.run(&["pull", digest, out.to_str().unwrap()]);
     assert!(ok, "{stderr}");
-    assert_eq!(std::fs::read(out.join("weights.bin")).unwrap(), vec![7u8; 3 << 20]);
+    assert_eq!(
+        std::fs::read(out.join("weights.bin")).unwrap(),
+        vec![7u8; 3 << 20]
+    );
 
     let (ok, inspect, _) = env.run(&["inspect", digest, "-o", "json"]);
     assert!(ok);
@@ -121,10 +130,16 @@ fn works_as_a_kubectl_plugin() {
 fn bad_digests_are_named() {
     let env = Env::new();
     let (ok, _, err) = env.run(&["inspect", "blake3:1234"]);
-    assert!(!ok && err.contains("malformed digest 'blake3:1234'"), "{err}");
+    assert!(
+        !ok && err.contains("malformed digest 'blake3:1234'"),
+        "{err}"
+    );
     let unknown = format!("blake3:{}", "ab".repeat(32));
     let (ok, _, err) = env.run(&["pull", &unknown, env.path("x").to_str().unwrap()]);
-    assert!(!ok && err.contains("not found") && err.contains(&unknown), "{err}");
+    assert!(
+        !ok && err.contains("not found") && err.contains(&unknown),
+        "{err}"
+    );
     assert!(!env.path("x").exists());
 }
 
@@ -140,7 +155,10 @@ fn missing_store_is_named() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(err.contains("/definitely/not/here") && err.contains("does not exist"), "{err}");
+    assert!(
+        err.contains("/definitely/not/here") && err.contains("does not exist"),
+        "{err}"
+    );
     let (ok, _, err) = env.run(&["--store", "ftp://x/y", "ls"]);
     assert!(!ok && err.contains("unsupported scheme"), "{err}");
 }
@@ -155,7 +173,13 @@ fn special_files_are_refused() {
     std::fs::remove_file(&sock).unwrap();
 
     let fifo = src.join("pipe");
-    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
     let err = env.push_fails(&src);
     assert!(err.contains("pipe") && err.contains("FIFO"), "{err}");
     std::fs::remove_file(&fifo).unwrap();
@@ -194,7 +218,10 @@ fn symlink_loops_and_escapes_are_refused() {
 
     std::os::unix::fs::symlink("/etc/passwd", src.join("passwd")).unwrap();
     let err = env.push_fails(&src);
-    assert!(err.contains("passwd") && err.contains("outside the volume"), "{err}");
+    assert!(
+        err.contains("passwd") && err.contains("outside the volume"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -224,7 +251,10 @@ fn unreadable_files_are_named() {
     };
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(err.contains("secret.bin") && err.contains("Permission denied"), "{err}");
+    assert!(
+        err.contains("secret.bin") && err.contains("Permission denied"),
+        "{err}"
+    );
     assert_eq!(env.manifests(), 0);
 }
 
@@ -246,7 +276,11 @@ fn corrupt_and_garbage_manifests_are_reported() {
     let garbage = b"SEALEDVM\x01\x00garbage";
     let name = blake3::hash(garbage).to_hex().to_string();
     std::fs::write(env.path("store/manifests").join(&name), garbage).unwrap();
-    let (ok, _, err) = env.run(&["pull", &format!("blake3:{name}"), env.path("o").to_str().unwrap()]);
+    let (ok, _, err) = env.run(&[
+        "pull",
+        &format!("blake3:{name}"),
+        env.path("o").to_str().unwrap(),
+    ]);
     assert!(!ok && err.contains("invalid manifest"), "{err}");
     assert!(!env.path("o").exists());
 }

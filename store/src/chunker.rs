@@ -52,14 +52,12 @@ impl ChunkParams {
             self.avg_size as usize,
             self.max_size as usize,
         );
-        if !(v2020::MINIMUM_MIN..=v2020::MINIMUM_MAX).contains(&min)
-            || !(v2020::AVERAGE_MIN..=v2020::AVERAGE_MAX).contains(&avg)
-            || !(v2020::MAXIMUM_MIN..=v2020::MAXIMUM_MAX).contains(&max)
-            || !(min <= avg && avg <= max)
-            || !avg.is_power_of_two()
-            || min % 2 != 0
-            || max % 2 != 0
-        {
+        let within_bounds = (v2020::MINIMUM_MIN..=v2020::MINIMUM_MAX).contains(&min)
+            && (v2020::AVERAGE_MIN..=v2020::AVERAGE_MAX).contains(&avg)
+            && (v2020::MAXIMUM_MIN..=v2020::MAXIMUM_MAX).contains(&max);
+        let ordered = min <= avg && avg <= max;
+        let shaped = avg.is_power_of_two() && min % 2 == 0 && max % 2 == 0;
+        if !(within_bounds && ordered && shaped) {
             return Err(bad(format!(
                 "min {min} / avg {avg} / max {max} are outside FastCDC's bounds or not ordered"
             )));

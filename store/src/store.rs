@@ -445,7 +445,7 @@ impl ChunkStore {
                 out.push(record);
             }
         }
-        out.sort_by(|a, b| b.pushed_at.cmp(&a.pushed_at));
+        out.sort_by_key(|r| std::cmp::Reverse(r.pushed_at));
         Ok(out)
     }
 }

@@ -29,9 +29,15 @@ async fn exercise(store: &ChunkStore) -> Digest {
     assert_eq!(second.bytes_uploaded, 0);
 
     let out = work.path().join("out");
-    pull(store, &first.digest, &out, &PullOptions::default(), Arc::new(NoProgress))
-        .await
-        .unwrap();
+    pull(
+        store,
+        &first.digest,
+        &out,
+        &PullOptions::default(),
+        Arc::new(NoProgress),
+    )
+    .await
+    .unwrap();
     assert_same_tree(&src, &out);
 
     // Flip a byte of one chunk of a known file: verify and pull name that file.
@@ -40,37 +46,72 @@ async fn exercise(store: &ChunkStore) -> Digest {
         .entries
         .iter()
         .find_map(|e| match &e.kind {
-            EntryKind::File(f) if e.path.ends_with("model-00002.safetensors") => Some((e.path.clone(), f.chunks[0])),
+            EntryKind::File(f) if e.path.ends_with("model-00002.safetensors") => {
+                Some((e.path.clone(), f.chunks[0]))
+            }
             _ => None,
         })
         .unwrap();
     let key = ChunkStore::chunk_key(&victim.digest);
-    let mut data = store.object_store().get(&key).await.unwrap().bytes().await.unwrap().to_vec();
+    let mut data = store
+        .object_store()
+        .get(&key)
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap()
+        .to_vec();
     let mid = data.len() / 2;
     data[mid] ^= 0x01;
-    store.object_store().put(&key, PutPayload::from(Bytes::from(data))).await.unwrap();
+    store
+        .object_store()
+        .put(&key, PutPayload::from(Bytes::from(data)))
+        .await
+        .unwrap();
 
-    let report = verify(store, &first.digest, 8, Arc::new(NoProgress)).await.unwrap();
+    let report = verify(store, &first.digest, 8, Arc::new(NoProgress))
+        .await
+        .unwrap();
     assert_eq!(report.problems.len(), 1, "{report:?}");
     assert_eq!(report.problems[0].problem, ProblemKind::Corrupt);
     assert_eq!(report.problems[0].files, vec![victim_path.clone()]);
 
     let bad_out = work.path().join("bad-out");
-    let err = pull(store, &first.digest, &bad_out, &PullOptions::default(), Arc::new(NoProgress))
-        .await
-        .unwrap_err();
+    let err = pull(
+        store,
+        &first.digest,
+        &bad_out,
+        &PullOptions::default(),
+        Arc::new(NoProgress),
+    )
+    .await
+    .unwrap_err();
     let msg = err.to_string();
-    assert!(msg.contains(&victim_path) && msg.contains("corrupt"), "{msg}");
-    assert!(!bad_out.exists(), "a failed pull left its destination behind");
+    assert!(
+        msg.contains(&victim_path) && msg.contains("corrupt"),
+        "{msg}"
+    );
+    assert!(
+        !bad_out.exists(),
+        "a failed pull left its destination behind"
+    );
 
     // The next push repairs nothing silently: the chunk exists (corrupt), so it is reused,
     // and verify keeps reporting it. Delete it and push again: the push restores it.
     store.object_store().delete(&key).await.unwrap();
-    let report = verify(store, &first.digest, 8, Arc::new(NoProgress)).await.unwrap();
+    let report = verify(store, &first.digest, 8, Arc::new(NoProgress))
+        .await
+        .unwrap();
     assert_eq!(report.problems[0].problem, ProblemKind::Missing);
     let repaired = push_dir(store, &src).await;
     assert_eq!(repaired.chunks_uploaded, 1);
-    assert!(verify(store, &first.digest, 8, Arc::new(NoProgress)).await.unwrap().ok());
+    assert!(
+        verify(store, &first.digest, 8, Arc::new(NoProgress))
+            .await
+            .unwrap()
+            .ok()
+    );
 
     // Unknown digests are a clear error.
     let unknown = Digest::of(b"no such version");
@@ -89,7 +130,10 @@ async fn reference_digest() -> Digest {
 
 #[tokio::test]
 async fn memory_store() {
-    assert_eq!(exercise(&ChunkStore::memory()).await, reference_digest().await);
+    assert_eq!(
+        exercise(&ChunkStore::memory()).await,
+        reference_digest().await
+    );
 }
 
 #[tokio::test]
@@ -104,14 +148,18 @@ async fn local_directory_store() {
 
 #[tokio::test]
 async fn s3_compatible_server() {
-    let Some(server) = start_moto("models") else { return };
+    let Some(server) = start_moto("models") else {
+        return;
+    };
     let store = moto_store(&server, "models", "team/prefix").await;
     assert_eq!(exercise(&store).await, reference_digest().await);
 }
 
 #[tokio::test]
 async fn azure_blob_on_azurite() {
-    let Some(server) = start_azurite("models") else { return };
+    let Some(server) = start_azurite("models") else {
+        return;
+    };
     let store = ChunkStore::open("az://models/some/prefix", &azurite_options(&server))
         .await
         .unwrap();
@@ -120,7 +168,9 @@ async fn azure_blob_on_azurite() {
 
 #[tokio::test]
 async fn azure_wrong_credentials_are_a_clear_error() {
-    let Some(server) = start_azurite("models") else { return };
+    let Some(server) = start_azurite("models") else {
+        return;
+    };
     let mut opts = azurite_options(&server);
     opts.retries = 0;
     // A valid base64 key that is not Azurite's.
@@ -136,12 +186,17 @@ async fn azure_wrong_credentials_are_a_clear_error() {
     let store = ChunkStore::from_object_store(Arc::new(store), "az://models");
     let err = store.list_versions().await.unwrap_err().to_string();
     assert!(err.contains("az://models"), "{err}");
-    assert!(err.contains("403") || err.to_lowercase().contains("auth"), "{err}");
+    assert!(
+        err.contains("403") || err.to_lowercase().contains("auth"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
 async fn s3_missing_bucket_is_a_clear_error() {
-    let Some(server) = start_moto("models") else { return };
+    let Some(server) = start_moto("models") else {
+        return;
+    };
     let opts = sealed_store::StoreOptions {
         endpoint: Some(format!("http://127.0.0.1:{}", server.port)),
         region: Some("us-east-1".into()),
@@ -149,9 +204,15 @@ async fn s3_missing_bucket_is_a_clear_error() {
         ..Default::default()
     };
     let _ = moto_store(&server, "models", "").await; // sets credentials
-    let err = ChunkStore::open("s3://no-such-bucket/x", &opts).await.unwrap_err().to_string();
+    let err = ChunkStore::open("s3://no-such-bucket/x", &opts)
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("s3://no-such-bucket/x"), "{err}");
-    assert!(err.contains("NoSuchBucket") || err.contains("404") || err.contains("not found"), "{err}");
+    assert!(
+        err.contains("NoSuchBucket") || err.contains("404") || err.contains("not found"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -164,7 +225,14 @@ async fn unreachable_store_fails_fast_with_a_message() {
         ..Default::default()
     };
     let started = std::time::Instant::now();
-    let err = ChunkStore::open("s3://bucket/x", &opts).await.unwrap_err().to_string();
+    let err = ChunkStore::open("s3://bucket/x", &opts)
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("s3://bucket/x"), "{err}");
-    assert!(started.elapsed() < std::time::Duration::from_secs(30), "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "took {:?}",
+        started.elapsed()
+    );
 }

@@ -23,7 +23,10 @@ async fn a_file_growing_during_push_fails_it() {
     let writer = {
         let (stop, file) = (stop.clone(), file.clone());
         std::thread::spawn(move || {
-            let mut f = std::fs::OpenOptions::new().append(true).open(&file).unwrap();
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&file)
+                .unwrap();
             while !stop.load(Ordering::Relaxed) {
                 f.write_all(b"more log lines\n").unwrap();
                 std::thread::sleep(std::time::Duration::from_millis(1));
@@ -38,5 +41,8 @@ async fn a_file_growing_during_push_fails_it() {
         Err(Error::FileChanged { path, .. }) => assert_eq!(path, file),
         other => panic!("expected FileChanged, got {other:?}"),
     }
-    assert!(store.list_versions().await.unwrap().is_empty(), "a manifest was sealed");
+    assert!(
+        store.list_versions().await.unwrap().is_empty(),
+        "a manifest was sealed"
+    );
 }

@@ -27,7 +27,8 @@ async fn scattered_overwrites_upload_about_the_changed_bytes() {
     let mut changed = 0u64;
     for i in 0..13u64 {
         let offset = i * 10 * REGION as u64 + 3 * REGION as u64 + 12_345;
-        f.write_all_at(&pseudo_random(REGION, 1000 + i), offset).unwrap();
+        f.write_all_at(&pseudo_random(REGION, 1000 + i), offset)
+            .unwrap();
         changed += REGION as u64;
     }
     drop(f);
@@ -39,7 +40,10 @@ async fn scattered_overwrites_upload_about_the_changed_bytes() {
         "changed {changed} bytes, uploaded {} ({ratio:.3}x), reused {}",
         second.bytes_uploaded, second.bytes_reused
     );
-    assert!(second.bytes_uploaded >= changed, "uploaded less than changed: lost data?");
+    assert!(
+        second.bytes_uploaded >= changed,
+        "uploaded less than changed: lost data?"
+    );
     assert!(ratio <= 1.25, "uploaded {ratio:.3}x the changed bytes");
 
     // And the same tree pushed a third time uploads nothing.

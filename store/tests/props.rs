@@ -5,25 +5,48 @@ use sealed_store::chunker::{ChunkParams, chunk_reader, cut_points};
 use sealed_store::{ChunkRef, Digest, Entry, EntryKind, FileEntry, Manifest};
 
 fn small_params() -> ChunkParams {
-    ChunkParams { min_size: 1024, avg_size: 4096, max_size: 16384, ..ChunkParams::default() }
+    ChunkParams {
+        min_size: 1024,
+        avg_size: 4096,
+        max_size: 16384,
+        ..ChunkParams::default()
+    }
 }
 
 /// A valid manifest: a random set of paths with every parent present as a directory.
 fn arb_manifest() -> impl Strategy<Value = Manifest> {
-    let name = prop_oneof![Just("a".to_string()), Just("b".into()), Just("é".into()), Just("x.safetensors".into()), Just("日本".into())];
+    let name = prop_oneof![
+        Just("a".to_string()),
+        Just("b".into()),
+        Just("é".into()),
+        Just("x.safetensors".into()),
+        Just("日本".into())
+    ];
     let path = prop::collection::vec(name, 1..4).prop_map(|c| c.join("/"));
     let kind = prop_oneof![
         Just(0u8),
-        (any::<bool>(), prop::collection::vec((any::<[u8; 32]>(), 1u32..=4096), 0..5)).prop_map(|_| 1u8),
+        (
+            any::<bool>(),
+            prop::collection::vec((any::<[u8; 32]>(), 1u32..=4096), 0..5)
+        )
+            .prop_map(|_| 1u8),
         Just(2u8),
     ];
-    let file = (any::<bool>(), any::<[u8; 32]>(), prop::collection::vec((any::<[u8; 32]>(), 1u32..=4 << 20), 0..5));
+    let file = (
+        any::<bool>(),
+        any::<[u8; 32]>(),
+        prop::collection::vec((any::<[u8; 32]>(), 1u32..=4 << 20), 0..5),
+    );
     prop::collection::btree_map(path, (kind, file), 0..20).prop_map(|paths| {
         let mut entries: std::collections::BTreeMap<String, EntryKind> = Default::default();
         for (path, (kind, (exec, blake, chunks))) in paths {
             let mut parent = String::new();
             for comp in path.split('/').collect::<Vec<_>>().split_last().unwrap().1 {
-                parent = if parent.is_empty() { comp.to_string() } else { format!("{parent}/{comp}") };
+                parent = if parent.is_empty() {
+                    comp.to_string()
+                } else {
+                    format!("{parent}/{comp}")
+                };
                 entries.insert(parent.clone(), EntryKind::Dir);
             }
             if matches!(entries.get(&path), Some(EntryKind::Dir)) {
@@ -32,7 +55,13 @@ fn arb_manifest() -> impl Strategy<Value = Manifest> {
             let k = match kind {
                 0 => EntryKind::Dir,
                 1 => {
-                    let chunks: Vec<ChunkRef> = chunks.into_iter().map(|(d, len)| ChunkRef { digest: Digest::from_bytes(d), len }).collect();
+                    let chunks: Vec<ChunkRef> = chunks
+                        .into_iter()
+                        .map(|(d, len)| ChunkRef {
+                            digest: Digest::from_bytes(d),
+                            len,
+                        })
+                        .collect();
                     EntryKind::File(FileEntry {
                         executable: exec,
                         size: chunks.iter().map(|c| u64::from(c.len)).sum(),
@@ -45,13 +74,22 @@ fn arb_manifest() -> impl Strategy<Value = Manifest> {
             entries.insert(path, k);
         }
         // A path used as a parent must be a directory.
-        let dirs: Vec<String> = entries.keys().filter_map(|p| p.rsplit_once('/').map(|(d, _)| d.to_string())).collect();
+        let dirs: Vec<String> = entries
+            .keys()
+            .filter_map(|p| p.rsplit_once('/').map(|(d, _)| d.to_string()))
+            .collect();
         for d in dirs {
             entries.insert(d, EntryKind::Dir);
         }
-        let mut entries: Vec<Entry> = entries.into_iter().map(|(path, kind)| Entry { path, kind }).collect();
+        let mut entries: Vec<Entry> = entries
+            .into_iter()
+            .map(|(path, kind)| Entry { path, kind })
+            .collect();
         entries.sort_by(|a, b| a.path.as_bytes().cmp(b.path.as_bytes()));
-        Manifest { chunking: ChunkParams::default(), entries }
+        Manifest {
+            chunking: ChunkParams::default(),
+            entries,
+        }
     })
 }
 

@@ -11,7 +11,9 @@ use std::sync::Arc;
 
 use sealed_store::chunker::{ChunkParams, chunk_reader, cut_points};
 use sealed_store::push::{PushOptions, push};
-use sealed_store::{ChunkRef, ChunkStore, Digest, Entry, EntryKind, FileEntry, Manifest, NoProgress};
+use sealed_store::{
+    ChunkRef, ChunkStore, Digest, Entry, EntryKind, FileEntry, Manifest, NoProgress,
+};
 use serde_json::{Value, json};
 use support::*;
 
@@ -28,7 +30,11 @@ const CHUNK_CASES: &[(&str, u64, usize)] = &[
 ];
 
 fn input(seed: u64, len: usize) -> Vec<u8> {
-    if seed == 0 { vec![0; len] } else { pseudo_random(len, seed) }
+    if seed == 0 {
+        vec![0; len]
+    } else {
+        pseudo_random(len, seed)
+    }
 }
 
 fn chunk_vectors() -> Value {
@@ -59,24 +65,41 @@ fn tiny_manifest() -> Manifest {
     Manifest {
         chunking: ChunkParams::default(),
         entries: vec![
-            Entry { path: "dir".into(), kind: EntryKind::Dir },
+            Entry {
+                path: "dir".into(),
+                kind: EntryKind::Dir,
+            },
             Entry {
                 path: "dir/hello.txt".into(),
                 kind: EntryKind::File(FileEntry {
                     executable: true,
                     size: data.len() as u64,
                     blake3: Digest::of(data),
-                    chunks: vec![ChunkRef { digest: Digest::of(data), len: data.len() as u32 }],
+                    chunks: vec![ChunkRef {
+                        digest: Digest::of(data),
+                        len: data.len() as u32,
+                    }],
                 }),
             },
-            Entry { path: "link".into(), kind: EntryKind::Symlink { target: "dir/hello.txt".into() } },
+            Entry {
+                path: "link".into(),
+                kind: EntryKind::Symlink {
+                    target: "dir/hello.txt".into(),
+                },
+            },
         ],
     }
 }
 
 async fn tree_digest(root: &Path, threads: Option<usize>) -> Digest {
-    let opts = PushOptions { threads, ..Default::default() };
-    push(&ChunkStore::memory(), root, &opts, Arc::new(NoProgress)).await.unwrap().digest
+    let opts = PushOptions {
+        threads,
+        ..Default::default()
+    };
+    push(&ChunkStore::memory(), root, &opts, Arc::new(NoProgress))
+        .await
+        .unwrap()
+        .digest
 }
 
 async fn all_vectors() -> Value {
@@ -102,18 +125,30 @@ async fn format_matches_checked_in_vectors() {
     }
     let expected: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     for key in ["chunker", "tiny_manifest", "rich_tree_digest"] {
-        assert_eq!(actual[key], expected[key], "vector '{key}' moved: the format changed");
+        assert_eq!(
+            actual[key], expected[key],
+            "vector '{key}' moved: the format changed"
+        );
     }
-    let (a, e) = (actual["chunks"].as_array().unwrap(), expected["chunks"].as_array().unwrap());
+    let (a, e) = (
+        actual["chunks"].as_array().unwrap(),
+        expected["chunks"].as_array().unwrap(),
+    );
     assert_eq!(a.len(), e.len());
     for (a, e) in a.iter().zip(e) {
-        assert_eq!(a, e, "chunk vector '{}' moved: cut points or chunk digests changed", e["name"]);
+        assert_eq!(
+            a, e,
+            "chunk vector '{}' moved: cut points or chunk digests changed",
+            e["name"]
+        );
     }
 }
 
 #[tokio::test]
 async fn tiny_manifest_parses_back_from_pinned_bytes() {
-    let expected: Value = serde_json::from_str(&std::fs::read_to_string(manifest_dir().join(VECTORS)).unwrap()).unwrap();
+    let expected: Value =
+        serde_json::from_str(&std::fs::read_to_string(manifest_dir().join(VECTORS)).unwrap())
+            .unwrap();
     let bytes = hex::decode(expected["tiny_manifest"]["hex"].as_str().unwrap()).unwrap();
     assert_eq!(Manifest::parse(&bytes).unwrap(), tiny_manifest());
 }

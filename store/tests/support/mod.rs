@@ -32,15 +32,31 @@ pub fn rich_tree(root: &Path) {
     fs::create_dir_all(root.join("weights/shards")).unwrap();
     fs::create_dir_all(root.join("empty/nested-empty")).unwrap();
     fs::create_dir_all(root.join("a/b/c/d/e/f/g/h/i/j/k/l/m/n/o/p")).unwrap();
-    fs::write(root.join("weights/shards/model-00001.safetensors"), pseudo_random(9 << 20, 1)).unwrap();
-    fs::write(root.join("weights/shards/model-00002.safetensors"), pseudo_random(3 << 20, 2)).unwrap();
+    fs::write(
+        root.join("weights/shards/model-00001.safetensors"),
+        pseudo_random(9 << 20, 1),
+    )
+    .unwrap();
+    fs::write(
+        root.join("weights/shards/model-00002.safetensors"),
+        pseudo_random(3 << 20, 2),
+    )
+    .unwrap();
     fs::write(root.join("config.json"), b"{\"hidden\": 4096}\n").unwrap();
     fs::write(root.join("empty-file"), b"").unwrap();
-    fs::write(root.join("a/b/c/d/e/f/g/h/i/j/k/l/m/n/o/p/deep.txt"), b"deep\n").unwrap();
+    fs::write(
+        root.join("a/b/c/d/e/f/g/h/i/j/k/l/m/n/o/p/deep.txt"),
+        b"deep\n",
+    )
+    .unwrap();
     fs::write(root.join("tokenizer-\u{00e9}\u{6f22}\u{1f600}.json"), b"{}").unwrap();
     fs::write(root.join("run.sh"), b"#!/bin/sh\necho hi\n").unwrap();
     fs::set_permissions(root.join("run.sh"), fs::Permissions::from_mode(0o755)).unwrap();
-    std::os::unix::fs::symlink("shards/model-00001.safetensors", root.join("weights/current")).unwrap();
+    std::os::unix::fs::symlink(
+        "shards/model-00001.safetensors",
+        root.join("weights/current"),
+    )
+    .unwrap();
     std::os::unix::fs::symlink("missing-target", root.join("dangling")).unwrap();
 }
 
@@ -85,13 +101,20 @@ pub async fn push_dir(store: &ChunkStore, dir: &Path) -> PushReport {
 
 pub async fn file_store(dir: &Path) -> ChunkStore {
     fs::create_dir_all(dir).unwrap();
-    ChunkStore::open(&format!("file://{}", dir.display()), &StoreOptions::default())
-        .await
-        .unwrap()
+    ChunkStore::open(
+        &format!("file://{}", dir.display()),
+        &StoreOptions::default(),
+    )
+    .await
+    .unwrap()
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn wait_for_port(port: u16, child: &mut Child, what: &str) {
@@ -139,8 +162,13 @@ impl Drop for Server {
 /// `moto_server` is not installed and SEALED_REQUIRE_SERVERS is not set.
 pub fn start_moto(bucket: &str) -> Option<Server> {
     if !have("moto_server") {
-        assert!(!require_servers(), "moto_server not installed (pip install 'moto[server]')");
-        eprintln!("skipped: moto_server not installed (pip install 'moto[server]'); .ci/run installs it");
+        assert!(
+            !require_servers(),
+            "moto_server not installed (pip install 'moto[server]')"
+        );
+        eprintln!(
+            "skipped: moto_server not installed (pip install 'moto[server]'); .ci/run installs it"
+        );
         return None;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -154,11 +182,20 @@ pub fn start_moto(bucket: &str) -> Option<Server> {
     wait_for_port(port, &mut child, "moto_server");
     // moto does not check signatures, so a plain PUT creates the bucket.
     let status = Command::new("curl")
-        .args(["-sf", "-X", "PUT", &format!("http://127.0.0.1:{port}/{bucket}")])
+        .args([
+            "-sf",
+            "-X",
+            "PUT",
+            &format!("http://127.0.0.1:{port}/{bucket}"),
+        ])
         .status()
         .unwrap();
     assert!(status.success(), "creating bucket {bucket} failed");
-    Some(Server { child, port, _dir: dir })
+    Some(Server {
+        child,
+        port,
+        _dir: dir,
+    })
 }
 
 pub const AZURITE_ACCOUNT: &str = "devstoreaccount1";
@@ -168,14 +205,28 @@ pub const AZURITE_KEY: &str =
 /// Azurite's blob service with a fresh container.
 pub fn start_azurite(container: &str) -> Option<Server> {
     if !have("azurite-blob") {
-        assert!(!require_servers(), "azurite-blob not installed (npm install -g azurite)");
-        eprintln!("skipped: azurite-blob not installed (npm install -g azurite); .ci/run installs it");
+        assert!(
+            !require_servers(),
+            "azurite-blob not installed (npm install -g azurite)"
+        );
+        eprintln!(
+            "skipped: azurite-blob not installed (npm install -g azurite); .ci/run installs it"
+        );
         return None;
     }
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let mut child = Command::new("azurite-blob")
-        .args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string(), "--silent", "--skipApiVersionCheck", "--disableTelemetry", "--location"])
+        .args([
+            "--blobHost",
+            "127.0.0.1",
+            "--blobPort",
+            &port.to_string(),
+            "--silent",
+            "--skipApiVersionCheck",
+            "--disableTelemetry",
+            "--location",
+        ])
         .arg(dir.path())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -190,7 +241,11 @@ pub fn start_azurite(container: &str) -> Option<Server> {
         .status()
         .unwrap();
     assert!(status.success(), "creating container {container} failed");
-    Some(Server { child, port, _dir: dir })
+    Some(Server {
+        child,
+        port,
+        _dir: dir,
+    })
 }
 
 pub fn azurite_endpoint(port: u16) -> String {
@@ -210,7 +265,9 @@ pub async fn moto_store(server: &Server, bucket: &str, prefix: &str) -> ChunkSto
         timeout: Duration::from_secs(10),
         ..Default::default()
     };
-    ChunkStore::open(&format!("s3://{bucket}/{prefix}"), &opts).await.unwrap()
+    ChunkStore::open(&format!("s3://{bucket}/{prefix}"), &opts)
+        .await
+        .unwrap()
 }
 
 pub fn azurite_options(server: &Server) -> StoreOptions {
