@@ -1,11 +1,21 @@
-//! `sealed mount` / `sealed umount` (being built under the FUSE mount issue).
+//! `sealed mount` / `sealed umount`: a version mounted read-only by digest; bytes stream in
+//! from the store through the node disk cache as they are read, every chunk verified.
 
+use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
-use std::process::ExitCode;
+use std::process::{ExitCode, Stdio};
+use std::time::Duration;
 
+use anyhow::Context as _;
 use clap::Args;
+use sealed_mount::{
+    FetchPolicy, MountHandle, MountOptions, NodeCache, NodeCacheOptions, PrefetchSelection,
+    ReadaheadPolicy,
+};
 
+use crate::commands::parse_digest;
 use crate::context::Context;
+use crate::output::{bytes, print_json};
 
 #[derive(Args, Debug)]
 pub struct MountArgs {
@@ -13,18 +23,286 @@ pub struct MountArgs {
     pub digest: String,
     /// Directory to mount it on
     pub dir: PathBuf,
+    /// Node disk cache directory, shared by every mount on this machine
+    /// [default: /var/cache/sealed-volumes as root, else ~/.cache/sealed-volumes]
+    #[arg(long, env = "SEALED_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Bound on the disk cache (bytes; K, M, G, T suffixes are powers of 1024)
+    #[arg(long, default_value = "10G", value_parser = parse_size, env = "SEALED_CACHE_SIZE")]
+    pub cache_size: u64,
+    /// Keep chunks in memory only (no disk cache)
+    #[arg(long)]
+    pub no_disk_cache: bool,
+    /// Bound on recently read and prefetched chunks held in memory
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    pub memory: u64,
+    /// Bound on readahead bytes being fetched at once (for the whole process)
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    pub prefetch_memory: u64,
+    /// Largest readahead window per open file (0 turns readahead off)
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    pub readahead: u64,
+    /// Prefetch into the disk cache in the background: all, none, or comma-separated globs
+    /// (e.g. '*.safetensors,tokenizer*')
+    #[arg(long, default_value = "none")]
+    pub prefetch: String,
+    /// FUSE worker threads
+    #[arg(long, default_value_t = 4)]
+    pub threads: usize,
+    /// Return once mounted and keep serving in a background process
+    #[arg(long, short = 'd')]
+    pub background: bool,
+    /// With --background: append the serving process's log here (default: discard)
+    #[arg(long)]
+    pub log_file: Option<PathBuf>,
+    /// Internal: this is the background process; report readiness on stdout.
+    #[arg(long, hide = true)]
+    pub daemon_child: bool,
 }
 
 #[derive(Args, Debug)]
 pub struct UmountArgs {
     /// Mounted directory
     pub dir: PathBuf,
+    /// Detach now even if files are still open (they keep working until closed)
+    #[arg(long, short = 'l')]
+    pub lazy: bool,
 }
 
-pub async fn run_mount(_ctx: &Context, _args: MountArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("sealed mount is not built yet")
+/// `10G`, `512M`, `4096`, `1.5G`: K, M, G, T are powers of 1024; a trailing `B`/`iB` is fine.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (number, shift) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 30),
+        Some('T' | 't') => (&t[..t.len() - 1], 40),
+        _ => (t, 0),
+    };
+    let value: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{text}' is not a size (try 10G, 512M or a number of bytes)"))?;
+    if !(value.is_finite() && value >= 0.0) {
+        return Err(format!("'{text}' is not a size"));
+    }
+    Ok((value * (1u64 << shift) as f64) as u64)
 }
 
-pub async fn run_umount(_ctx: &Context, _args: UmountArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("sealed umount is not built yet")
+fn default_cache_dir() -> PathBuf {
+    if std::env::var_os("XDG_CACHE_HOME").is_none() && is_root() {
+        return PathBuf::from("/var/cache/sealed-volumes");
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("/var/cache"));
+    base.join("sealed-volumes")
+}
+
+fn is_root() -> bool {
+    std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap_or(false)
+}
+
+pub async fn run_mount(ctx: &Context, args: MountArgs) -> anyhow::Result<ExitCode> {
+    if args.background && !args.daemon_child {
+        return spawn_background(&args).await;
+    }
+    let daemon_child = args.daemon_child;
+    match serve(ctx, args).await {
+        Ok(code) => Ok(code),
+        Err(e) => {
+            if daemon_child {
+                // The parent relays this line; our stderr may be discarded.
+                println!("error: {e:#}");
+            }
+            Err(e)
+        }
+    }
+}
+
+async fn serve(ctx: &Context, args: MountArgs) -> anyhow::Result<ExitCode> {
+    let digest = parse_digest(&args.digest)?;
+    let prefetch = PrefetchSelection::parse(&args.prefetch)?;
+    let store = ctx.open_store().await?;
+    let cache_dir = if args.no_disk_cache {
+        None
+    } else {
+        Some(args.cache_dir.clone().unwrap_or_else(default_cache_dir))
+    };
+    let cache = NodeCache::new(&NodeCacheOptions {
+        disk_dir: cache_dir.clone(),
+        disk_bytes: args.cache_size,
+        memory_bytes: args.memory,
+        prefetch_bytes: args.prefetch_memory,
+        fetch: FetchPolicy {
+            attempt_timeout: ctx.store_options.timeout,
+            retries: u32::try_from(ctx.store_options.retries).unwrap_or(u32::MAX),
+            ..FetchPolicy::default()
+        },
+    })?;
+    let options = MountOptions {
+        readahead: ReadaheadPolicy {
+            initial: args.readahead.min(ReadaheadPolicy::default().initial),
+            max: args.readahead,
+        },
+        prefetch,
+        threads: args.threads.max(1),
+        ..MountOptions::default()
+    };
+    let mut handle = MountHandle::spawn(store, digest, &args.dir, cache, options)
+        .await
+        .with_context(|| format!("cannot mount {digest} on {}", args.dir.display()))?;
+
+    let tree = handle.fs().tree();
+    if args.daemon_child {
+        println!("ready");
+        let _ = std::io::stdout().flush();
+    } else {
+        eprintln!(
+            "mounted {digest} on {} in {:.1} ms: {} entries, {}; disk cache {}. \
+             Ctrl-C or `sealed umount {}` unmounts.",
+            args.dir.display(),
+            handle.ready_in().as_secs_f64() * 1e3,
+            tree.len().saturating_sub(1),
+            bytes(tree.total_bytes()),
+            cache_dir
+                .as_ref()
+                .map(|d| format!("{} (up to {})", d.display(), bytes(args.cache_size)))
+                .unwrap_or_else(|| "off".into()),
+            args.dir.display()
+        );
+    }
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot listen for SIGTERM")?;
+    let by_us = tokio::select! {
+        _ = tokio::signal::ctrl_c() => true,
+        _ = term.recv() => true,
+        _ = handle.wait() => false,
+    };
+    let metrics = handle.metrics().snapshot();
+    if by_us {
+        handle.unmount().await?;
+    } else {
+        drop(handle);
+    }
+    if ctx.json() && !args.daemon_child {
+        print_json(&metrics)?;
+    } else if !args.daemon_child {
+        eprintln!(
+            "unmounted {}: served {}, fetched {} from the store in {} chunks, {} verification failures",
+            args.dir.display(),
+            bytes(metrics.bytes_read),
+            bytes(metrics.store_bytes_fetched),
+            metrics.store_fetches,
+            metrics.verification_failures
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Starts this same command as a background process and returns once it has mounted.
+async fn spawn_background(args: &MountArgs) -> anyhow::Result<ExitCode> {
+    let exe = std::env::current_exe().context("cannot find the sealed executable")?;
+    let stderr = match &args.log_file {
+        Some(path) => Stdio::from(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("cannot open log file {}", path.display()))?,
+        ),
+        None => Stdio::null(),
+    };
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(std::env::args_os().skip(1))
+        .arg("--daemon-child")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(stderr);
+    // Its own process group: a Ctrl-C meant for this terminal does not unmount.
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let mut child = cmd.spawn().context("cannot start the background mount")?;
+    let pid = child.id();
+    let stdout = child
+        .stdout
+        .take()
+        .context("background mount has no stdout")?;
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        line
+    })
+    .await
+    .context("waiting for the background mount")?;
+    if line.trim() == "ready" {
+        eprintln!(
+            "mounted {} on {} (serving process {pid}; `sealed umount {}` unmounts)",
+            args.digest,
+            args.dir.display(),
+            args.dir.display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .ok()
+        .and_then(|s| s.ok());
+    let reason = line.trim().trim_start_matches("error: ").to_owned();
+    anyhow::bail!(
+        "background mount failed{}: {}",
+        status.map(|s| format!(" ({s})")).unwrap_or_default(),
+        if reason.is_empty() {
+            "it exited before mounting (run without --background to see why)".to_owned()
+        } else {
+            reason
+        }
+    )
+}
+
+pub async fn run_umount(_ctx: &Context, args: UmountArgs) -> anyhow::Result<ExitCode> {
+    let dir = args.dir.clone();
+    let lazy = args.lazy;
+    tokio::task::spawn_blocking(move || sealed_mount::unmount(&dir, lazy))
+        .await
+        .context("unmount task failed")?
+        .map_err(|e| {
+            let busy = matches!(&e, sealed_mount::MountError::Unmount { source, .. }
+                if source.raw_os_error() == Some(16));
+            let not_mounted = matches!(&e, sealed_mount::MountError::Unmount { source, .. }
+                if source.raw_os_error() == Some(22));
+            if busy {
+                anyhow::anyhow!("{e}: files are still open there; close them or use --lazy")
+            } else if not_mounted {
+                anyhow::anyhow!("{} is not a mount point", args.dir.display())
+            } else {
+                anyhow::Error::new(e)
+            }
+        })?;
+    eprintln!("unmounted {}", args.dir.display());
+    // Let the serving process notice and exit before we return.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("10G"), Ok(10 << 30));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("1.5k"), Ok(1536));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("-1G").is_err());
+    }
 }
