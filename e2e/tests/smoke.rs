@@ -182,3 +182,49 @@ async fn image_from_a_static_binary_runs() -> Result<()> {
     cluster.delete_namespace(&ns).await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn bidirectional_mount_propagation_reaches_the_host() -> Result<()> {
+    let Some(cluster) =
+        sealed_e2e::cluster("bidirectional_mount_propagation_reaches_the_host").await
+    else {
+        return Ok(());
+    };
+    // The CSI node plugin mounts inside its container and the kubelet must see the mount.
+    let ns = cluster.temp_namespace("e2e-prop").await?;
+    let host_dir = sealed_e2e::cluster_dir().join(format!("e2e-{ns}"));
+    std::fs::create_dir_all(host_dir.join("m"))
+        .with_context(|| format!("cannot create {}", host_dir.display()))?;
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "mounter" },
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": "main",
+                "image": sealed_e2e::BUSYBOX_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", "mount -t tmpfs e2e /host/m && echo propagated > /host/m/f"],
+                "securityContext": { "privileged": true },
+                "volumeMounts": [{ "name": "host", "mountPath": "/host", "mountPropagation": "Bidirectional" }],
+            }],
+            "volumes": [{ "name": "host", "hostPath": { "path": host_dir, "type": "Directory" } }],
+        }
+    }))?;
+    let (phase, log) = cluster
+        .run_pod_to_completion(&ns, &pod, Duration::from_secs(120))
+        .await?;
+    let seen = std::fs::read_to_string(host_dir.join("m/f"));
+    // Unmount before asserting, so a failure leaves no mount behind.
+    let _ = std::process::Command::new("umount")
+        .arg(host_dir.join("m"))
+        .status();
+    assert_eq!(phase, "Succeeded", "pod log:\n{log}");
+    assert_eq!(
+        seen.context("the pod's mount did not reach the host")?
+            .trim(),
+        "propagated"
+    );
+    std::fs::remove_dir_all(&host_dir).ok();
+    cluster.delete_namespace(&ns).await?;
+    Ok(())
+}
