@@ -332,3 +332,72 @@ async fn disk_cache_is_bounded_survives_restart_and_is_shared_between_versions()
     );
     assert!(fs2.metrics().snapshot().disk_hits > 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_prefetch_warms_the_disk_cache() {
+    let fx = fixture().await;
+    let faulty = FaultyStore::wrap(fx.store.object_store().clone());
+    let store = ChunkStore::from_object_store(faulty.clone(), "faulty");
+    let cache_dir = tempfile::tempdir().unwrap();
+    let cache = NodeCache::new(&NodeCacheOptions {
+        disk_dir: Some(cache_dir.path().to_path_buf()),
+        ..Default::default()
+    })
+    .unwrap();
+    let fs = open_fs(&store, fx.digest, &cache).await;
+
+    let json = sealed_mount::PrefetchSelection::parse("*.json").unwrap();
+    let report = sealed_mount::warm::warm(fs.clone(), &json, 4)
+        .await
+        .unwrap();
+    assert_eq!(report.files, 1);
+    assert!(sealed_mount::PrefetchSelection::parse("[").is_err());
+
+    let report = sealed_mount::warm::warm(fs.clone(), &sealed_mount::PrefetchSelection::All, 4)
+        .await
+        .unwrap();
+    assert_eq!(report.failed_chunks, 0);
+    assert!(report.chunks > 5);
+    // Everything is local now: the store can go away.
+    faulty.set(FAIL);
+    for rel in source_files(&fx.src) {
+        let want = std::fs::read(fx.src.join(&rel)).unwrap();
+        assert!(
+            read_all(&fs, resolve(&fs, &rel), 1 << 20).await == want,
+            "{rel}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequential_reads_prefetch_within_the_global_budget() {
+    let fx = fixture().await;
+    let budget = 3 << 20;
+    let cache = NodeCache::new(&NodeCacheOptions {
+        prefetch_bytes: budget,
+        ..Default::default()
+    })
+    .unwrap();
+    let fs = open_fs(&fx.store, fx.digest, &cache).await;
+    let ino = resolve(&fs, "weights/model-00001.bin");
+    let fh = fs.open(ino, false).unwrap();
+    let want = std::fs::read(fx.src.join("weights/model-00001.bin")).unwrap();
+    let mut got = Vec::new();
+    loop {
+        let data = fs
+            .read(ino, Some(fh), got.len() as u64, 128 << 10)
+            .await
+            .unwrap();
+        assert!(fs.metrics().snapshot().prefetch_bytes_in_flight <= budget);
+        if data.is_empty() {
+            break;
+        }
+        got.extend_from_slice(&data);
+        // Give readahead a moment to land, as a reader doing work would.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(got == want);
+    let m = fs.metrics().snapshot();
+    assert!(m.prefetch_issued > 0, "{m:?}");
+    assert!(m.memory_hits > m.memory_misses, "{m:?}");
+}
