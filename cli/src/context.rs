@@ -49,8 +49,10 @@ pub struct Context {
 
 impl Context {
     pub fn new(args: GlobalArgs) -> Self {
-        let default_store = args.store.is_none();
-        let store_url = args.store.unwrap_or_else(ChunkStore::default_url);
+        // An empty SEALED_STORE means "the default", as an unset one does.
+        let store = args.store.filter(|s| !s.is_empty());
+        let default_store = store.is_none();
+        let store_url = store.unwrap_or_else(ChunkStore::default_url);
         let store_options = StoreOptions {
             endpoint: args.endpoint,
             region: args.region,
