@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -14,6 +15,7 @@ use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use parking_lot::Mutex;
 use sealed_store::{ChunkRef, ChunkStore, Digest, Error as StoreError};
+use tokio::sync::Notify;
 
 use crate::cache::{ChunkCache, DiskCache, MemoryCache};
 use crate::error::{FetchError, MountError};
@@ -89,6 +91,9 @@ struct Inner {
     policy: FetchPolicy,
     metrics: Arc<MountMetrics>,
     budget: PrefetchBudget,
+    /// Disk cache writes not yet done, and a wake-up when they reach zero.
+    pending_writes: AtomicU64,
+    writes_done: Notify,
 }
 
 /// The node's cache tiers and fetch machinery. Cheap to clone.
@@ -112,6 +117,8 @@ impl NodeCache {
                 policy: options.fetch,
                 budget: PrefetchBudget::new(options.prefetch_bytes, metrics.clone()),
                 metrics,
+                pending_writes: AtomicU64::new(0),
+                writes_done: Notify::new(),
             }),
         })
     }
@@ -182,20 +189,25 @@ impl NodeCache {
         let digest = chunk.digest;
         // The fetch runs as its own task so that a reader giving up (an interrupted read)
         // does not cancel it for the others.
-        let task = tokio::spawn(async move {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
             let result = this.fetch_uncached(&store, &chunk).await;
             // Fill memory before leaving the table, so no reader falls between the two.
-            if into_memory && let Ok(data) = &result {
+            if into_memory && let Ok((data, _)) = &result {
                 this.inner.memory.put(&digest, data);
             }
             this.inner.inflight.lock().remove(&digest);
-            result
+            let _ = tx.send(result.clone().map(|(data, _)| data));
+            // Readers have their bytes; the disk copy is written off their path.
+            if let Ok((data, true)) = result {
+                this.write_to_disk(digest, data).await;
+            }
         });
         let flight: Flight = async move {
-            task.await.unwrap_or_else(|e| {
+            rx.await.unwrap_or_else(|_| {
                 Err(FetchError::Internal {
                     digest,
-                    reason: format!("fetch task failed: {e}"),
+                    reason: "fetch task ended without an answer".into(),
                 })
             })
         }
@@ -209,7 +221,7 @@ impl NodeCache {
         &self,
         store: &ChunkStore,
         chunk: &ChunkRef,
-    ) -> Result<Bytes, FetchError> {
+    ) -> Result<(Bytes, bool), FetchError> {
         let digest = &chunk.digest;
         let metrics = &self.inner.metrics;
         if self.inner.disk.is_some() {
@@ -223,26 +235,42 @@ impl NodeCache {
             .flatten();
             if let Some(data) = hit {
                 MountMetrics::inc(&metrics.disk_hits);
-                return Ok(data);
+                return Ok((data, false));
             }
             MountMetrics::inc(&metrics.disk_misses);
         }
-        let data = {
-            let _gauge = InFlight::new(metrics, u64::from(chunk.len));
-            self.fetch_from_store(store, digest).await?
-        };
-        if self.inner.disk.is_some() {
-            let this = self.clone();
-            let d = *digest;
-            let bytes = data.clone();
-            let _ = tokio::task::spawn_blocking(move || {
-                if let Some(disk) = &this.inner.disk {
-                    disk.put(&d, &bytes);
-                }
-            })
-            .await;
+        let _gauge = InFlight::new(metrics, u64::from(chunk.len));
+        let data = self.fetch_from_store(store, digest).await?;
+        Ok((data, self.inner.disk.is_some()))
+    }
+
+    async fn write_to_disk(&self, digest: Digest, data: Bytes) {
+        if self.inner.disk.is_none() {
+            return;
         }
-        Ok(data)
+        self.inner.pending_writes.fetch_add(1, Ordering::AcqRel);
+        let this = self.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Some(disk) = &this.inner.disk {
+                disk.put(&digest, &data);
+            }
+        })
+        .await;
+        if self.inner.pending_writes.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.inner.writes_done.notify_waiters();
+        }
+    }
+
+    /// Waits until every chunk fetched so far is written to the disk cache (before a clean
+    /// exit, so that the next process finds them).
+    pub async fn flush(&self) {
+        loop {
+            let done = self.inner.writes_done.notified();
+            if self.inner.pending_writes.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            done.await;
+        }
     }
 
     async fn fetch_from_store(

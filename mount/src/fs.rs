@@ -94,35 +94,60 @@ impl SealedFs {
     /// Entries of a directory from position `offset` on: `.`, `..`, then children by name.
     /// Each entry's position + 1 is the offset to continue from.
     pub fn readdir(&self, ino: u64, offset: u64) -> Result<Vec<DirEntry>, FsError> {
+        let mut out = Vec::new();
+        self.readdir_with(ino, offset, |entry, _next| {
+            out.push(entry);
+            false
+        })?;
+        Ok(out)
+    }
+
+    /// Like [`SealedFs::readdir`], without building a list: `add(entry, next_offset)` returns
+    /// true when the caller's buffer is full, which ends the walk.
+    pub fn readdir_with(
+        &self,
+        ino: u64,
+        offset: u64,
+        mut add: impl FnMut(DirEntry, u64) -> bool,
+    ) -> Result<(), FsError> {
         let slot = self.tree.slot(ino).ok_or(FsError::NotFound)?;
         let children = self.tree.children(ino).ok_or(FsError::NotDir)?;
-        let dots = [
-            DirEntry {
-                ino,
-                name: ".".into(),
-                kind: NodeType::Dir,
-            },
-            DirEntry {
-                ino: if ino == ROOT_INO {
-                    ROOT_INO
-                } else {
-                    slot.parent
-                },
-                name: "..".into(),
-                kind: NodeType::Dir,
-            },
-        ];
-        let rest = children.iter().filter_map(|&child| {
-            let slot = self.tree.slot(child)?;
-            let kind = self.tree.kind(child)?;
-            Some(DirEntry {
-                ino: child,
-                name: slot.name.clone(),
-                kind,
-            })
-        });
+        let parent = if ino == ROOT_INO {
+            ROOT_INO
+        } else {
+            slot.parent
+        };
         let skip = usize::try_from(offset).unwrap_or(usize::MAX);
-        Ok(dots.into_iter().chain(rest).skip(skip).collect())
+        for position in skip..children.len() + 2 {
+            let entry = match position {
+                0 => DirEntry {
+                    ino,
+                    name: ".".into(),
+                    kind: NodeType::Dir,
+                },
+                1 => DirEntry {
+                    ino: parent,
+                    name: "..".into(),
+                    kind: NodeType::Dir,
+                },
+                _ => {
+                    let child = children[position - 2];
+                    let (Some(slot), Some(kind)) = (self.tree.slot(child), self.tree.kind(child))
+                    else {
+                        continue;
+                    };
+                    DirEntry {
+                        ino: child,
+                        name: slot.name.clone(),
+                        kind,
+                    }
+                }
+            };
+            if add(entry, position as u64 + 1) {
+                break;
+            }
+        }
+        Ok(())
     }
 
     pub fn readlink(&self, ino: u64) -> Result<&str, FsError> {

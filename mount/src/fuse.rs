@@ -321,20 +321,16 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let entries = match self.fs.readdir(ino.0, offset) {
-            Ok(entries) => entries,
-            Err(e) => return reply.error(errno(&e)),
-        };
-        for (i, entry) in entries.iter().enumerate() {
+        let walked = self.fs.readdir_with(ino.0, offset, |entry, next| {
             let kind = match entry.kind {
                 NodeType::Dir => FileType::Directory,
                 NodeType::File => FileType::RegularFile,
                 NodeType::Symlink => FileType::Symlink,
             };
-            let next = offset + i as u64 + 1;
-            if reply.add(INodeNo(entry.ino), next, kind, &entry.name) {
-                break;
-            }
+            reply.add(INodeNo(entry.ino), next, kind, &entry.name)
+        });
+        if let Err(e) = walked {
+            return reply.error(errno(&e));
         }
         reply.ok();
     }

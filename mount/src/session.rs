@@ -255,6 +255,8 @@ impl MountHandle {
             path: self.mountpoint.clone(),
             source: io::Error::other(e.to_string()),
         })??;
+        // Chunks fetched so far land in the disk cache for the next process.
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.fs.cache().flush()).await;
         // The serving threads end once the kernel closes the connection.
         let wait = self.ended.wait_for(|ended| *ended);
         let limit = if detached {

@@ -101,6 +101,7 @@ pub async fn warm(
         .buffer_unordered(concurrency.max(1))
         .collect()
         .await;
+    fs.cache().flush().await;
     for (c, r) in results {
         match r {
             Ok(()) => {

@@ -290,6 +290,8 @@ async fn disk_cache_is_bounded_survives_restart_and_is_shared_between_versions()
             );
         }
         assert!(fs.metrics().snapshot().disk_evictions > 0);
+        cache.flush().await;
+        assert!(du(cache_dir.path()) <= bound);
     }
 
     // Restart with a roomy bound: read one file, drop the process state, read it again.
@@ -299,6 +301,7 @@ async fn disk_cache_is_bounded_survives_restart_and_is_shared_between_versions()
         let fs = open_fs(&store, fx.digest, &cache).await;
         let ino = resolve(&fs, "weights/model-00001.bin");
         read_all(&fs, ino, 1 << 20).await;
+        cache.flush().await;
     }
     let fetched_first = faulty.gets() - before;
     let before = faulty.gets();
@@ -310,6 +313,7 @@ async fn disk_cache_is_bounded_survives_restart_and_is_shared_between_versions()
         assert!(read_all(&fs, ino, 1 << 20).await == want);
         assert_eq!(faulty.gets(), before, "restart refetched cached chunks");
         assert!(fs.metrics().snapshot().disk_hits > 0);
+        cache.flush().await;
     }
     assert!(fetched_first > 0);
 
