@@ -147,11 +147,24 @@ pub struct ChunkedContent {
 /// Bytes read per round; cut points need `max_size` of look-ahead, so a round keeps a tail.
 const READ_BLOCK: usize = 32 * 1024 * 1024;
 
+/// Receives every chunk with its bytes as soon as it is hashed (from several threads at once).
+pub type ChunkSink<'a> = &'a (dyn Fn(&ChunkRef, &[u8]) -> io::Result<()> + Sync);
+
 /// Chunks and hashes everything `reader` yields. `on_bytes` is told of progress.
 pub fn chunk_reader<R: Read>(
+    reader: R,
+    params: &ChunkParams,
+    on_bytes: &(dyn Fn(u64) + Sync),
+) -> io::Result<ChunkedContent> {
+    chunk_reader_with_sink(reader, params, on_bytes, &|_, _| Ok(()))
+}
+
+/// As [`chunk_reader`], handing each chunk's bytes to `sink` so a push reads every file once.
+pub fn chunk_reader_with_sink<R: Read>(
     mut reader: R,
     params: &ChunkParams,
     on_bytes: &(dyn Fn(u64) + Sync),
+    sink: ChunkSink<'_>,
 ) -> io::Result<ChunkedContent> {
     let cutter = params.cutter();
     let mut whole = blake3::Hasher::new();
@@ -189,21 +202,26 @@ pub fn chunk_reader<R: Read>(
             pos += len;
         }
         let data = &buf;
-        let (_, hashed): ((), Vec<ChunkRef>) = rayon::join(
+        let (_, hashed): ((), io::Result<Vec<ChunkRef>>) = rayon::join(
             || {
                 whole.update_rayon(fresh);
             },
             || {
                 spans
                     .par_iter()
-                    .map(|&(start, len)| ChunkRef {
-                        digest: Digest::of(&data[start..start + len]),
-                        len: len as u32,
+                    .map(|&(start, len)| {
+                        let bytes = &data[start..start + len];
+                        let chunk = ChunkRef {
+                            digest: Digest::of(bytes),
+                            len: len as u32,
+                        };
+                        sink(&chunk, bytes)?;
+                        Ok(chunk)
                     })
                     .collect()
             },
         );
-        chunks.extend(hashed);
+        chunks.extend(hashed?);
         buf.drain(..pos);
         if eof && buf.is_empty() {
             break;

@@ -1,24 +1,28 @@
 //! Push: scan a directory, upload only the chunks the store lacks, then seal the manifest.
 //!
+//! One pass over the data: as the scanner hashes each chunk it hands the bytes to an uploader
+//! that asks the store whether it has the chunk and uploads it if not, several at once, through
+//! a bounded channel (so memory stays at `concurrency` chunks however large the tree).
+//!
 //! Order matters for "nothing lost": every chunk is uploaded and made durable before the
 //! manifest that names it is written, and the manifest is written with a conditional create.
 //! An interrupted push leaves only chunks (harmless, reused by the next push), never a
 //! manifest with holes.
 
-use std::collections::HashMap;
-use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
+use tokio::sync::mpsc;
 
 use crate::chunker::ChunkParams;
 use crate::digest::Digest;
 use crate::error::{Error, Result};
+use crate::manifest::{ChunkRef, EntryKind};
 use crate::progress::{Phase, Progress};
-use crate::scan::{FileSource, ScanOptions, ScannedTree, ensure_unchanged, scan};
+use crate::scan::{ScanOptions, ScannedTree, ensure_unchanged, scan};
 use crate::store::{ChunkStore, validate_volume_name};
 
 #[derive(Clone, Debug)]
@@ -55,17 +59,20 @@ pub struct PushReport {
     pub unique_chunks: u64,
     pub chunks_uploaded: u64,
     pub bytes_uploaded: u64,
+    /// Bytes of distinct chunks the store already had.
     pub bytes_reused: u64,
     pub manifest_bytes: u64,
 }
 
-/// Where a chunk's bytes can be read from.
-#[derive(Clone)]
-struct ChunkSource {
-    file: Arc<FileSource>,
-    offset: u64,
-    len: u32,
+#[derive(Default)]
+struct UploadStats {
+    chunks_uploaded: u64,
+    bytes_uploaded: u64,
+    bytes_reused: u64,
 }
+
+/// What the scanner's sink reports when the uploader has stopped (its error is the real one).
+const UPLOADER_STOPPED: &str = "uploader stopped";
 
 pub async fn push(
     store: &ChunkStore,
@@ -76,75 +83,14 @@ pub async fn push(
     if let Some(volume) = &opts.volume {
         validate_volume_name(volume)?;
     }
-    let tree = scan_blocking(dir.to_path_buf(), opts, progress.clone()).await?;
-    let (manifest_bytes, digest) = tree.manifest.seal()?;
-
-    // First place each distinct chunk appears, so it can be read back for upload.
-    let mut sources: HashMap<Digest, ChunkSource> = HashMap::new();
-    let (mut files, mut directories, mut symlinks, mut chunks) = (0u64, 0u64, 0u64, 0u64);
-    for entry in &tree.manifest.entries {
-        match &entry.kind {
-            crate::EntryKind::Dir => directories += 1,
-            crate::EntryKind::Symlink { .. } => symlinks += 1,
-            crate::EntryKind::File(f) => {
-                files += 1;
-                chunks += f.chunks.len() as u64;
-                let src = Arc::new(tree.sources[&entry.path].clone());
-                let mut offset = 0u64;
-                for c in &f.chunks {
-                    sources.entry(c.digest).or_insert_with(|| ChunkSource {
-                        file: src.clone(),
-                        offset,
-                        len: c.len,
-                    });
-                    offset += u64::from(c.len);
-                }
-            }
-        }
-    }
-    let unique_chunks = sources.len() as u64;
-    let unique_bytes: u64 = sources.values().map(|s| u64::from(s.len)).sum();
-    let bytes = tree.manifest.total_size();
-
-    // Ask the store which chunks it lacks.
-    let missing: Vec<(Digest, ChunkSource)> = futures::stream::iter(sources)
-        .map(|(digest, src)| async move {
-            let present = store.has_chunk(&digest).await?;
-            Ok::<_, Error>((digest, src, present))
-        })
-        .buffer_unordered(opts.concurrency.max(1) * 4)
-        .try_filter_map(|(digest, src, present)| {
-            let progress = progress.clone();
-            async move {
-                if present {
-                    progress.reused(u64::from(src.len));
-                    Ok(None)
-                } else {
-                    Ok(Some((digest, src)))
-                }
-            }
-        })
-        .try_collect()
-        .await?;
-    let chunks_uploaded = missing.len() as u64;
-    let bytes_uploaded: u64 = missing.iter().map(|(_, s)| u64::from(s.len)).sum();
-
-    progress.start(Phase::Upload, bytes_uploaded);
-    futures::stream::iter(missing)
-        .map(|(digest, src)| {
-            let progress = progress.clone();
-            async move {
-                let len = u64::from(src.len);
-                let data = read_chunk(src, digest).await?;
-                store.put_chunk(&digest, data).await?;
-                progress.uploaded(len);
-                progress.advance(len);
-                Ok::<_, Error>(())
-            }
-        })
-        .buffer_unordered(opts.concurrency.max(1))
-        .try_collect::<()>()
-        .await?;
+    let concurrency = opts.concurrency.max(1);
+    let (tx, rx) = mpsc::channel::<(ChunkRef, Bytes)>(concurrency * 2);
+    let scanner = scan_blocking(dir.to_path_buf(), opts, progress.clone(), tx);
+    let uploader = upload_missing(store, rx, concurrency, progress.clone());
+    let (scanned, uploaded) = tokio::join!(scanner, uploader);
+    // An upload failure stops the scan too; report the cause, not the symptom.
+    let stats = uploaded?;
+    let tree = scanned?;
     progress.finish();
 
     // A file that moved under us after its scan must not be sealed.
@@ -152,78 +98,122 @@ pub async fn push(
         let now = std::fs::metadata(&src.path).map_err(|e| Error::io(&src.path, e))?;
         ensure_unchanged(src, &now, src.size)?;
     }
+    let (manifest_bytes, digest) = tree.manifest.seal()?;
     store.sync().await?;
     let manifest_len = manifest_bytes.len() as u64;
-    let sealed = store.put_manifest(manifest_bytes).await?;
-    debug_assert_eq!(sealed, digest);
+    store.put_manifest(manifest_bytes).await?;
     if let Some(volume) = &opts.volume {
         store.put_volume_record(volume, &digest).await?;
     }
-    tracing::info!(%digest, files, bytes, chunks_uploaded, bytes_uploaded, "sealed");
-    Ok(PushReport {
+
+    let mut report = PushReport {
         digest,
-        files,
-        directories,
-        symlinks,
-        bytes,
-        chunks,
-        unique_chunks,
-        chunks_uploaded,
-        bytes_uploaded,
-        bytes_reused: unique_bytes - bytes_uploaded,
+        files: 0,
+        directories: 0,
+        symlinks: 0,
+        bytes: tree.manifest.total_size(),
+        chunks: 0,
+        unique_chunks: tree.manifest.unique_chunks().len() as u64,
+        chunks_uploaded: stats.chunks_uploaded,
+        bytes_uploaded: stats.bytes_uploaded,
+        bytes_reused: stats.bytes_reused,
         manifest_bytes: manifest_len,
-    })
+    };
+    for entry in &tree.manifest.entries {
+        match &entry.kind {
+            EntryKind::Dir => report.directories += 1,
+            EntryKind::Symlink { .. } => report.symlinks += 1,
+            EntryKind::File(f) => {
+                report.files += 1;
+                report.chunks += f.chunks.len() as u64;
+            }
+        }
+    }
+    tracing::info!(
+        %digest,
+        files = report.files,
+        bytes = report.bytes,
+        chunks_uploaded = report.chunks_uploaded,
+        bytes_uploaded = report.bytes_uploaded,
+        "sealed"
+    );
+    Ok(report)
+}
+
+/// Uploads each distinct chunk the store lacks, `concurrency` at a time.
+async fn upload_missing(
+    store: &ChunkStore,
+    rx: mpsc::Receiver<(ChunkRef, Bytes)>,
+    concurrency: usize,
+    progress: Arc<dyn Progress>,
+) -> Result<UploadStats> {
+    let chunks = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    chunks
+        .map(|(chunk, data)| {
+            let progress = progress.clone();
+            async move {
+                let len = u64::from(chunk.len);
+                if store.has_chunk(&chunk.digest).await? {
+                    progress.reused(len);
+                    return Ok::<_, Error>((false, len));
+                }
+                store.put_chunk(&chunk.digest, data).await?;
+                progress.uploaded(len);
+                Ok((true, len))
+            }
+        })
+        .buffer_unordered(concurrency)
+        .try_fold(
+            UploadStats::default(),
+            |mut stats, (uploaded, len)| async move {
+                if uploaded {
+                    stats.chunks_uploaded += 1;
+                    stats.bytes_uploaded += len;
+                } else {
+                    stats.bytes_reused += len;
+                }
+                Ok(stats)
+            },
+        )
+        .await
 }
 
 async fn scan_blocking(
     dir: PathBuf,
     opts: &PushOptions,
     progress: Arc<dyn Progress>,
+    tx: mpsc::Sender<(ChunkRef, Bytes)>,
 ) -> Result<ScannedTree> {
     let params = opts.params.clone();
     let scan_opts = ScanOptions {
         threads: opts.threads,
     };
     tokio::task::spawn_blocking(move || {
+        // Each distinct chunk goes to the uploader once, however often it repeats.
+        let seen = Mutex::new(HashSet::new());
+        let sink = |chunk: &ChunkRef, bytes: &[u8]| -> std::io::Result<()> {
+            let first = seen
+                .lock()
+                .map_err(|_| std::io::Error::other("chunk set poisoned"))?
+                .insert(chunk.digest);
+            if first {
+                tx.blocking_send((*chunk, Bytes::copy_from_slice(bytes)))
+                    .map_err(|_| std::io::Error::other(UPLOADER_STOPPED))?;
+            }
+            Ok(())
+        };
         let p = progress.clone();
-        let tree = scan(
+        scan(
             &dir,
             &params,
             &scan_opts,
             &|total| p.start(Phase::Scan, total),
             &|n| progress.advance(n),
-        );
-        p.finish();
-        tree
+            &sink,
+        )
     })
     .await
     .map_err(|e| Error::Other(format!("scan task failed: {e}")))?
-}
-
-/// Reads a chunk back from its file and checks it still hashes to its digest.
-async fn read_chunk(src: ChunkSource, digest: Digest) -> Result<Bytes> {
-    tokio::task::spawn_blocking(move || {
-        let path = &src.file.path;
-        let file = File::open(path).map_err(|e| Error::io(path, e))?;
-        let mut buf = vec![0u8; src.len as usize];
-        file.read_exact_at(&mut buf, src.offset).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                Error::FileChanged {
-                    path: path.clone(),
-                    detail: "it became shorter".into(),
-                }
-            } else {
-                Error::io(path, e)
-            }
-        })?;
-        if Digest::of(&buf) != digest {
-            return Err(Error::FileChanged {
-                path: path.clone(),
-                detail: format!("bytes at offset {} no longer match", src.offset),
-            });
-        }
-        Ok(Bytes::from(buf))
-    })
-    .await
-    .map_err(|e| Error::Other(format!("read task failed: {e}")))?
 }

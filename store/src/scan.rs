@@ -9,7 +9,7 @@ use std::time::SystemTime;
 
 use rayon::prelude::*;
 
-use crate::chunker::{ChunkParams, chunk_reader};
+use crate::chunker::{ChunkParams, ChunkSink, chunk_reader_with_sink};
 use crate::error::{Error, Result};
 use crate::manifest::{
     Entry, EntryKind, FileEntry, Manifest, validate_path, validate_symlink_target,
@@ -48,6 +48,7 @@ pub fn scan(
     opts: &ScanOptions,
     on_total: &dyn Fn(u64),
     on_bytes: &(dyn Fn(u64) + Sync),
+    sink: ChunkSink<'_>,
 ) -> Result<ScannedTree> {
     params.ensure_supported()?;
     let meta = fs::metadata(root).map_err(|e| Error::io(root, e))?;
@@ -67,7 +68,7 @@ pub fn scan(
     let chunked: Vec<(String, FileEntry)> = pool.install(|| {
         files
             .par_iter()
-            .map(|src| chunk_file(src, params, on_bytes).map(|f| (src.rel.clone(), f)))
+            .map(|src| chunk_file(src, params, on_bytes, sink).map(|f| (src.rel.clone(), f)))
             .collect::<Result<_>>()
     })?;
     for (rel, file) in chunked {
@@ -206,10 +207,12 @@ fn chunk_file(
     src: &FileSource,
     params: &ChunkParams,
     on_bytes: &(dyn Fn(u64) + Sync),
+    sink: ChunkSink<'_>,
 ) -> Result<FileEntry> {
     let file = File::open(&src.path).map_err(|e| Error::io(&src.path, e))?;
     let before = file.metadata().map_err(|e| Error::io(&src.path, e))?;
-    let content = chunk_reader(&file, params, on_bytes).map_err(|e| Error::io(&src.path, e))?;
+    let content = chunk_reader_with_sink(&file, params, on_bytes, sink)
+        .map_err(|e| Error::io(&src.path, e))?;
     let after = fs::metadata(&src.path).map_err(|e| Error::io(&src.path, e))?;
     ensure_unchanged(src, &after, content.size)?;
     Ok(FileEntry {

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Push benchmark, side by side in one run on the same file (see docs/benchmarks.md):
+#   sealed push vs b3sum (all threads), cp (+sync), restic backup, casync make
+#   (a) into an empty store, (b) again with every chunk present, (c) after ~10% of the file
+#   is overwritten in scattered 8 MiB regions (bytes uploaded and time).
+# Usage: hack/bench-push.sh [SIZE_MIB]   (default 2048); results in docs/benchmarks/push.csv
+# Needs: restic casync (Debian), b3sum (cargo install b3sum). Each timing is the median of 3.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source-path=SCRIPTDIR
+source hack/lib/common.sh
+size_mib=${1:-2048}
+work=${BENCH_DIR:-/var/tmp/sealed-bench-push}
+out=docs/benchmarks/push.csv
+export PATH="$SEALED_CACHE/tools/bin:$PATH"
+for t in restic casync b3sum python3; do command -v "$t" >/dev/null || die "$t is not installed"; done
+cargo build --quiet --release -p sealed-cli
+sealed=$PWD/target/release/sealed
+
+rm -rf "$work" && mkdir -p "$work/src"
+file=$work/src/model.safetensors
+log "writing a ${size_mib} MiB random file"
+head -c "$((size_mib << 20))" /dev/urandom >"$file"
+cat "$file" >/dev/null # page cache: every tool reads from memory
+bytes=$((size_mib << 20))
+export RESTIC_PASSWORD=bench RESTIC_CACHE_DIR=$work/restic-cache
+
+# Median wall time (seconds) of 3 runs of "$@", with $setup run before each.
+median() {
+  local t=() i s
+  for i in 1 2 3; do
+    eval "$setup"
+    s=$(date +%s.%N)
+    "$@" >/dev/null 2>&1
+    t+=("$(echo "$(date +%s.%N) - $s" | bc -l)")
+  done
+  printf '%s\n' "${t[@]}" | sort -n | sed -n 2p
+}
+
+echo "scenario,tool,seconds,gb_per_s,bytes_added" >"$out"
+row() { # scenario tool seconds bytes_added
+  local gbps
+  gbps=$(echo "$bytes / $3 / 1000000000" | bc -l)
+  printf '%s,%s,%.3f,%.3f,%s\n' "$1" "$2" "$3" "$gbps" "$4" | tee -a "$out"
+}
+du_b() { du -sb "$1" | cut -f1; }
+
+log "(a) into an empty store"
+setup=':'
+row hash b3sum "$(median b3sum "$file")" 0
+setup="rm -f $work/copy"
+row initial cp "$(median cp "$file" "$work/copy")" "$bytes"
+row initial cp+sync "$(median sh -c "cp '$file' '$work/copy' && sync")" "$bytes"
+setup="rm -rf $work/store && mkdir $work/store"
+row initial "sealed push" "$(median "$sealed" --no-progress --store "file://$work/store" push "$work/src")" "$bytes"
+setup="rm -rf $work/restic && restic init -q -r $work/restic"
+row initial "restic backup" "$(median restic -q -r "$work/restic" backup "$work/src")" "$bytes"
+setup="rm -rf $work/castr $work/a.caidx"
+row initial "casync make" "$(median casync make --store="$work/castr" "$work/a.caidx" "$work/src")" "$bytes"
+
+log "(b) again, every chunk present"
+setup=':'
+row repush "sealed push" "$(median "$sealed" --no-progress --store "file://$work/store" push "$work/src")" 0
+row repush "restic backup --force" "$(median restic -q -r "$work/restic" backup --force "$work/src")" 0
+row repush "casync make" "$(median casync make --store="$work/castr" "$work/a.caidx" "$work/src")" 0
+
+log "(c) ~10% overwritten in scattered 8 MiB regions"
+changed=$(python3 - "$file" <<'PY'
+import os, sys
+path = sys.argv[1]
+size = os.path.getsize(path)
+region = 8 << 20
+n = max(1, size // region // 10)
+step = size // n
+with open(path, "r+b") as f:
+    for i in range(n):
+        f.seek(i * step + 3 * region // 2 + 12345)
+        f.write(os.urandom(region))
+print(n * region)
+PY
+)
+cat "$file" >/dev/null
+before=$(du_b "$work/store")
+s=$(date +%s.%N)
+json=$("$sealed" --no-progress --store "file://$work/store" push "$work/src" -o json)
+t=$(echo "$(date +%s.%N) - $s" | bc -l)
+uploaded=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["bytes_uploaded"])' <<<"$json")
+row changed10 "sealed push" "$t" "$uploaded"
+before=$(du_b "$work/restic")
+s=$(date +%s.%N)
+restic -q -r "$work/restic" backup "$work/src" >/dev/null
+t=$(echo "$(date +%s.%N) - $s" | bc -l)
+row changed10 "restic backup" "$t" "$(($(du_b "$work/restic") - before))"
+before=$(du_b "$work/castr")
+s=$(date +%s.%N)
+casync make --store="$work/castr" "$work/b.caidx" "$work/src" >/dev/null 2>&1
+t=$(echo "$(date +%s.%N) - $s" | bc -l)
+row changed10 "casync make" "$t" "$(($(du_b "$work/castr") - before))"
+echo "changed_bytes,$changed" | tee -a "$out"
+log "wrote $out"
+rm -rf "$work"
