@@ -10,7 +10,15 @@ set -euo pipefail
 # shellcheck source-path=SCRIPTDIR
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 
+# Callers run `eval "$(hack/ci-cluster.sh up)"`, which would swallow our exit status:
+# on failure, hand them a line that makes their eval fail too.
+fail_for_eval() {
+  local rc=$?
+  ((rc == 0)) || printf 'echo "hack/ci-cluster.sh up failed (exit %d); see its log above" >&2; exit %d\n' "$rc" "$rc"
+}
+
 cmd_up() {
+  trap fail_for_eval EXIT
   need_root "hack/ci-cluster.sh"
   local start=$SECONDS bin kubeconfig
   apt_ensure containerd runc containernetworking-plugins iptables conntrack umoci skopeo \
