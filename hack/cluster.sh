@@ -430,6 +430,11 @@ cmd_down() {
   unmount_under "$DIR"
   cleanup_network
   cleanup_cgroups
+  # rm -rf would walk into a mount that is still there (a pod's hostPath or CSI target).
+  local still
+  still=$(findmnt -rn -o TARGET | grep -E "^($KUBELET_DIR|$DIR)(/|$)" || true)
+  [[ -z $still ]] || die "not removing $KUBELET_DIR and $DIR: still mounted:
+$still"
   rm -rf "$KUBELET_DIR" "$DIR"
   # containerd 1.6 keeps shim sockets and fifos under /run/containerd whatever its state
   # dir is; remove them unless a system containerd is using that directory.
