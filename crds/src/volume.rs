@@ -1,0 +1,408 @@
+//! `SealedVolume`: a named stream of sealed versions, filled from a source.
+// Each `printcolumn(...)` repeats keys such as `type_ = "string"`; clippy reads them as
+// duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use crate::condition::{Condition, find_condition};
+use crate::schema;
+use crate::validate::InvalidSpec;
+
+/// The desired state of a SealedVolume: where versions come from, which names point at
+/// which versions, and how long deleted versions stay restorable.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "sealedvolumes.io",
+    version = "v1alpha1",
+    kind = "SealedVolume",
+    namespaced,
+    shortname = "svol",
+    category = "sealedvolumes",
+    status = "SealedVolumeStatus",
+    derive = "PartialEq",
+    doc = "A named stream of immutable model versions. The operator syncs spec.source into the store in the background, seals each result as a SealedVolumeVersion named by its content digest (blake3:<64 hex>), and keeps spec.tags (movable names) pointing at those versions. Pods mount a version by digest (recommended) or by volume and tag.",
+    printcolumn(
+        name = "Source",
+        type_ = "string",
+        json_path = ".status.source",
+        description = "Where versions come from (hf://org/repo@revision, s3://bucket/prefix, upload)"
+    ),
+    printcolumn(
+        name = "Latest",
+        type_ = "string",
+        json_path = ".status.latestDigest",
+        description = "Digest of the newest sealed version"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Synced",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Synced\")].status"
+    ),
+    printcolumn(
+        name = "Progress",
+        type_ = "string",
+        json_path = ".status.sync.progress",
+        priority = 1,
+        description = "Progress of a running sync"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SealedVolumeSpec {
+    /// Where versions come from: exactly one of huggingFace, objectStore or upload.
+    pub source: Source,
+
+    /// Movable names for versions: tag name → version digest (blake3:<64 hex>). Each digest
+    /// must be a version of this volume, or the volume's Ready condition turns False. Tag names
+    /// are lowercase letters, digits, '-' and '.', start and end with a letter or digit, and
+    /// have at most 63 characters.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "schema::tags")]
+    #[x_kube(validation = kube::core::Rule::new(
+        "self.all(k, size(k) <= 63 && k.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$'))"
+    ).message(kube::core::Message::Expression(
+        "'invalid tag name(s) ' + self.filter(k, !(size(k) <= 63 && k.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$'))).join(', ') + ': a tag name has lowercase letters, digits, \\'-\\' and \\'.\\', starts and ends with a letter or digit, and is at most 63 characters'".into()
+    )))]
+    pub tags: BTreeMap<String, String>,
+
+    /// How long deleted versions are kept.
+    #[serde(default)]
+    pub retention: Retention,
+
+    /// When true, pods in other namespaces may mount this volume's versions. By default only
+    /// pods in the volume's own namespace may.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shared: bool,
+}
+
+/// Where a volume's versions come from. Set exactly one field.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new(
+    "(has(self.huggingFace) ? 1 : 0) + (has(self.objectStore) ? 1 : 0) + (has(self.upload) ? 1 : 0) == 1"
+).message("set exactly one of huggingFace, objectStore or upload"))]
+pub struct Source {
+    /// Sync from a Hugging Face Hub repository.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hugging_face: Option<HuggingFaceSource>,
+    /// Sync from an object store prefix (S3 and S3-compatible such as R2 and CoreWeave, GCS,
+    /// Azure Blob).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_store: Option<ObjectStoreSource>,
+    /// No sync: versions arrive from `sealed push --volume NAMESPACE/NAME`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload: Option<UploadSource>,
+}
+
+/// The one source a valid [`Source`] has.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SourceKind<'a> {
+    HuggingFace(&'a HuggingFaceSource),
+    ObjectStore(&'a ObjectStoreSource),
+    Upload(&'a UploadSource),
+}
+
+impl Source {
+    /// The source that is set, or an error when none or more than one is (the API server
+    /// rejects such objects; this is for objects built in code).
+    pub fn kind(&self) -> Result<SourceKind<'_>, InvalidSpec> {
+        match (&self.hugging_face, &self.object_store, &self.upload) {
+            (Some(hf), None, None) => Ok(SourceKind::HuggingFace(hf)),
+            (None, Some(os), None) => Ok(SourceKind::ObjectStore(os)),
+            (None, None, Some(up)) => Ok(SourceKind::Upload(up)),
+            _ => Err(InvalidSpec::new(
+                "spec.source",
+                "set exactly one of huggingFace, objectStore or upload",
+            )),
+        }
+    }
+
+    /// A Hugging Face source.
+    pub fn hugging_face(src: HuggingFaceSource) -> Self {
+        Self {
+            hugging_face: Some(src),
+            ..Self::default()
+        }
+    }
+
+    /// An object store source.
+    pub fn object_store(src: ObjectStoreSource) -> Self {
+        Self {
+            object_store: Some(src),
+            ..Self::default()
+        }
+    }
+
+    /// An upload source.
+    pub fn upload() -> Self {
+        Self {
+            upload: Some(UploadSource {}),
+            ..Self::default()
+        }
+    }
+}
+
+/// A Hugging Face Hub repository.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HuggingFaceSource {
+    /// The repository id, `org/name` (or `name`), e.g. meta-llama/Meta-Llama-3-8B.
+    #[x_kube(validation = kube::core::Rule::new(
+        "self.matches('^[A-Za-z0-9][-A-Za-z0-9_.]*(/[A-Za-z0-9][-A-Za-z0-9_.]*)?$')"
+    ).message("must be a Hugging Face repository id: org/name"))]
+    #[schemars(length(min = 1, max = 256))]
+    pub repo: String,
+
+    /// Branch, tag or commit to sync. The operator pins it to a commit for each sync; the
+    /// commit is recorded in the version's status.sourceRevision.
+    #[serde(default = "default_revision")]
+    #[schemars(length(min = 1, max = 256))]
+    pub revision: String,
+
+    /// Kind of repository.
+    #[serde(default)]
+    pub repo_type: HuggingFaceRepoType,
+
+    /// Glob patterns of files to sync (e.g. "*.safetensors"); empty means every file.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 1024)))]
+    pub include: Vec<String>,
+
+    /// Glob patterns of files to leave out; applied after include.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 1024)))]
+    pub exclude: Vec<String>,
+
+    /// A Secret key holding an access token, for gated and private repositories.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_secret_ref: Option<SecretKeyRef>,
+
+    /// Base URL of the Hub API; empty means https://huggingface.co. Set for a mirror or a
+    /// private Hub endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("self.matches('^https?://[^/]+')")
+        .message("must be an http(s) URL such as https://huggingface.co"))]
+    #[schemars(length(max = 2048))]
+    pub endpoint: Option<String>,
+}
+
+fn default_revision() -> String {
+    "main".into()
+}
+
+/// The kind of Hugging Face repository.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub enum HuggingFaceRepoType {
+    /// A model repository (the default).
+    #[default]
+    Model,
+    /// A dataset repository.
+    Dataset,
+}
+
+/// Objects under a prefix of a bucket or container.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectStoreSource {
+    /// The prefix to sync: s3://bucket/prefix, gs://bucket/prefix, az://container/prefix, or an
+    /// https:// URL of an S3-compatible or Azure endpoint (R2, CoreWeave, ...).
+    #[x_kube(validation = kube::core::Rule::new(
+        "self.matches('^(s3|s3a|gs|az|azure|abfs|abfss|adl|http|https|file)://.+')"
+    ).message("must be a URL such as s3://bucket/prefix, gs://bucket/prefix, az://container/prefix or https://host/bucket/prefix"))]
+    #[schemars(length(min = 1, max = 2048))]
+    pub url: String,
+
+    /// The S3-compatible API endpoint (e.g. https://<account>.r2.cloudflarestorage.com); empty
+    /// means the provider's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("self.matches('^https?://[^/]+')")
+        .message("must be an http(s) URL such as https://s3.example.com"))]
+    #[schemars(length(max = 2048))]
+    pub endpoint: Option<String>,
+
+    /// The region (S3); empty means the provider's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub region: Option<String>,
+
+    /// A Secret in the volume's namespace with the credentials, as environment-style keys:
+    /// AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (S3), GOOGLE_SERVICE_ACCOUNT_KEY (GCS),
+    /// AZURE_STORAGE_ACCOUNT_NAME / AZURE_STORAGE_ACCOUNT_KEY (Azure). Empty means the
+    /// ambient credentials of the sync Job (workload identity, instance role).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret_ref: Option<SecretRef>,
+}
+
+/// Versions arrive from `sealed push`; the operator does not sync anything.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
+pub struct UploadSource {}
+
+/// A key of a Secret in the same namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub struct SecretKeyRef {
+    /// Name of the Secret.
+    #[schemars(schema_with = "schema::object_name")]
+    pub name: String,
+    /// Key within the Secret.
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+/// A Secret in the same namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub struct SecretRef {
+    /// Name of the Secret.
+    #[schemars(schema_with = "schema::object_name")]
+    pub name: String,
+}
+
+/// Retention of deleted versions.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Retention {
+    /// How long a deleted version stays restorable (`sealed restore DIGEST`) before garbage
+    /// collection may reclaim its chunks, as a Go duration: 168h, 72h, 30m, 0.
+    #[serde(default = "default_deleted_versions")]
+    #[x_kube(validation = kube::core::Rule::new(
+        "self.matches('^(0|([0-9]+(\\\\.[0-9]+)?(ns|us|ms|s|m|h))+)$')"
+    ).message("must be a duration such as 168h, 72h, 1h30m or 0 (units: h, m, s, ms, us, ns)"))]
+    #[schemars(length(min = 1, max = 64))]
+    pub deleted_versions: String,
+}
+
+/// The default retention of deleted versions: 7 days.
+pub const DEFAULT_DELETED_VERSIONS: &str = "168h";
+
+fn default_deleted_versions() -> String {
+    DEFAULT_DELETED_VERSIONS.into()
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self {
+            deleted_versions: default_deleted_versions(),
+        }
+    }
+}
+
+impl Retention {
+    /// `deletedVersions` as a duration.
+    pub fn deleted_versions(&self) -> Result<std::time::Duration, InvalidSpec> {
+        crate::validate::parse_duration(&self.deleted_versions).ok_or_else(|| {
+            InvalidSpec::new(
+                "spec.retention.deletedVersions",
+                crate::validate::DURATION_HELP,
+            )
+        })
+    }
+}
+
+/// What the operator last saw and did.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SealedVolumeStatus {
+    /// Synced (the last sync finished) and Ready (a version exists and every tag resolves).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "schema::conditions")]
+    pub conditions: Vec<Condition>,
+
+    /// The metadata.generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// The source in one line, for `kubectl get`: hf://org/repo@revision,
+    /// s3://bucket/prefix, upload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+
+    /// Digest of the newest sealed version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latest_digest: Option<String>,
+
+    /// Name of the SealedVolumeVersion holding latestDigest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latest_version: Option<String>,
+
+    /// The running (or last) sync.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync: Option<SyncProgress>,
+
+    /// What each tag in spec.tags resolves to.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, TagStatus>,
+}
+
+impl SealedVolumeStatus {
+    /// The condition of this type, if set.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        find_condition(&self.conditions, type_)
+    }
+}
+
+/// Progress of a sync.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SyncProgress {
+    /// The source revision being synced (a Hugging Face commit, or a summary of object ETags).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
+    /// The Job running the sync (empty with the inline executor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<String>,
+    /// When the sync started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::time")]
+    pub started_at: Option<Time>,
+    /// When the sync finished (empty while it runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::time")]
+    pub finished_at: Option<Time>,
+    /// Bytes read from the source so far.
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub bytes_done: i64,
+    /// Bytes to read in all (0 until the listing is done).
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub bytes_total: i64,
+    /// Files read so far.
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub files_done: i64,
+    /// Files to read in all (0 until the listing is done).
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub files_total: i64,
+    /// Progress in one line, for `kubectl get -o wide`, e.g. "41% (3.1 GiB of 7.5 GiB, 4/9 files)".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<String>,
+}
+
+/// What one tag resolves to.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TagStatus {
+    /// The digest the tag names.
+    pub digest: String,
+    /// The SealedVolumeVersion of this volume with that digest; empty when there is none
+    /// (the tag does not resolve, and Ready is False).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+}
