@@ -3,7 +3,7 @@
 //! Everything is written into a hidden staging directory beside the destination and renamed
 //! into place at the end, so a failed pull leaves nothing that looks complete.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, OpenOptions};
 use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -177,9 +177,5 @@ async fn write_file(
     let mode = if file.executable { 0o755 } else { 0o644 };
     out.set_permissions(fs::Permissions::from_mode(mode))
         .map_err(|e| Error::io(&path, e))?;
-    finish_file(out, &path)
-}
-
-fn finish_file(out: File, path: &Path) -> Result<()> {
-    out.sync_all().map_err(|e| Error::io(path, e))
+    out.sync_all().map_err(|e| Error::io(&path, e))
 }
