@@ -74,9 +74,7 @@ pub struct SealedVolumeSpec {
     #[schemars(schema_with = "schema::tags")]
     #[x_kube(validation = kube::core::Rule::new(
         "self.all(k, size(k) <= 63 && k.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$'))"
-    ).message(kube::core::Message::Expression(
-        "'invalid tag name(s) ' + self.filter(k, !(size(k) <= 63 && k.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$'))).join(', ') + ': a tag name has lowercase letters, digits, \\'-\\' and \\'.\\', starts and ends with a letter or digit, and is at most 63 characters'".into()
-    )))]
+    ).message("invalid tag name: a tag name has lowercase letters, digits, '-' and '.', starts and ends with a letter or digit, and is at most 63 characters"))]
     pub tags: BTreeMap<String, String>,
 
     /// How long deleted versions are kept.

@@ -319,7 +319,7 @@ spec:
         bad_tag,
         vec![
             "spec.tags",
-            "invalid tag name(s) Bad_Tag",
+            "invalid tag name: a tag name has lowercase letters",
             "at most 63 characters",
         ],
     ));
@@ -329,7 +329,7 @@ spec:
     cases.push((
         "tag name too long",
         long_tag,
-        vec!["spec.tags", "invalid tag name(s) aaaa"],
+        vec!["spec.tags", "invalid tag name"],
     ));
 
     let mut bad_tag_digest = hf_volume("bad-tag-digest");

@@ -119,7 +119,7 @@ fn schemas_carry_the_validation_rules() {
     assert_eq!(tags.len(), 1);
     assert!(tags[0].0.contains(sealed_crds::schema::TAG_NAME_PATTERN));
     assert!(tags[0].0.contains("size(k) <= 63"));
-    assert!(tags[0].1.contains("invalid tag name(s)"));
+    assert!(tags[0].1.contains("invalid tag name:"));
     let tag_value = at(s, "spec.tags.*");
     assert_eq!(
         tag_value.pattern.as_deref(),
