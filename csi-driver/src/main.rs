@@ -1,1 +1,183 @@
-fn main() {}
+//! `sealed-csi`: the CSI node plugin binary. Wiring only; the work is in the library.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser;
+use sealed_csi::{Driver, DriverConfig};
+use sealed_mount::{FetchPolicy, MountOptions, NodeCache, NodeCacheOptions};
+use sealed_store::StoreOptions;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "sealed-csi",
+    version,
+    about = "CSI node plugin for Sealed Volumes"
+)]
+struct Args {
+    /// CSI endpoint kubelet talks to
+    #[arg(long, env = "CSI_ENDPOINT", default_value = "unix:///csi/csi.sock")]
+    endpoint: String,
+    /// Name of this node (NodeGetInfo.node_id); in Kubernetes, the Node's name
+    #[arg(long, env = "NODE_NAME")]
+    node_id: String,
+    /// Store URL: file:///dir, s3://bucket/prefix, gs://bucket/prefix, az://container/prefix
+    #[arg(long, env = "SEALED_STORE")]
+    store: String,
+    /// Endpoint of an S3-compatible server (MinIO, R2, CoreWeave) or an Azure emulator
+    #[arg(long, env = "SEALED_ENDPOINT")]
+    store_endpoint: Option<String>,
+    /// Region of the bucket
+    #[arg(long, env = "SEALED_REGION")]
+    store_region: Option<String>,
+    /// Seconds before a store request is retried
+    #[arg(long, env = "SEALED_TIMEOUT", default_value_t = 30)]
+    store_timeout: u64,
+    /// Retries of a failed store request
+    #[arg(long, default_value_t = 3)]
+    store_retries: usize,
+    /// Node disk cache directory, shared by every mount on the node
+    #[arg(
+        long,
+        env = "SEALED_CACHE_DIR",
+        default_value = "/var/cache/sealed-volumes"
+    )]
+    cache_dir: PathBuf,
+    /// Bound on the disk cache (bytes; K, M, G, T suffixes are powers of 1024)
+    #[arg(long, env = "SEALED_CACHE_SIZE", default_value = "10G", value_parser = parse_size)]
+    cache_size: u64,
+    /// Bound on chunks held in memory, for the node
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    memory: u64,
+    /// Where the plugin keeps its FUSE mounts (<state-dir>/mounts/<hex>)
+    #[arg(
+        long,
+        env = "SEALED_STATE_DIR",
+        default_value = "/var/lib/sealed-volumes"
+    )]
+    state_dir: PathBuf,
+    /// Most volumes published on this node (0: no limit)
+    #[arg(long, default_value_t = 0)]
+    max_volumes: i64,
+    /// Run without an API server: NO authorization and NO node-label checks (conformance
+    /// runs and local testing only)
+    #[arg(long)]
+    standalone: bool,
+    /// Log more (-v info, -vv debug); SEALED_LOG overrides
+    #[arg(long, short = 'v', action = clap::ArgAction::Count)]
+    verbose: u8,
+}
+
+/// `10G`, `512M`, `4096`: K, M, G, T are powers of 1024; a trailing `B`/`iB` is fine.
+fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (number, shift) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 30),
+        Some('T' | 't') => (&t[..t.len() - 1], 40),
+        _ => (t, 0),
+    };
+    let value: u64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{text}' is not a size (try 10G, 512M or a number of bytes)"))?;
+    value
+        .checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("'{text}' is too large"))
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SEALED_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    init_logging(args.verbose);
+    if !args.standalone {
+        anyhow::bail!(
+            "the API-server mode (authorization, node-label checks) is not built yet; \
+             run with --standalone to serve without them"
+        );
+    }
+    tracing::warn!(
+        "STANDALONE MODE: no API server; every digest is mounted for any caller, with NO \
+         authorization and NO node-label (GPU exclusion) checks. For conformance runs and \
+         local testing only."
+    );
+    let socket = sealed_csi::socket_path(&args.endpoint)?;
+    let timeout = Duration::from_secs(args.store_timeout.max(1));
+    let config = DriverConfig {
+        node_id: args.node_id.clone(),
+        state_dir: args.state_dir.clone(),
+        store_url: args.store.clone(),
+        store_options: StoreOptions {
+            endpoint: args.store_endpoint.clone(),
+            region: args.store_region.clone(),
+            timeout,
+            retries: args.store_retries,
+            create: false,
+        },
+        max_volumes: args.max_volumes,
+        standalone: args.standalone,
+    };
+    let cache = NodeCache::new(&NodeCacheOptions {
+        disk_dir: Some(args.cache_dir.clone()),
+        disk_bytes: args.cache_size,
+        memory_bytes: args.memory,
+        fetch: FetchPolicy {
+            attempt_timeout: timeout,
+            retries: u32::try_from(args.store_retries).unwrap_or(u32::MAX),
+            ..FetchPolicy::default()
+        },
+        ..NodeCacheOptions::default()
+    })
+    .with_context(|| format!("cannot open the node cache {}", args.cache_dir.display()))?;
+    let driver = Driver::new(config, cache, MountOptions::default());
+    driver.clean_stale()?;
+    // Open the store now to report a bad URL or credential early; a store that is down is
+    // retried on the first publish rather than failing the plugin.
+    match driver.store().await {
+        Ok(_) => tracing::info!(store = %args.store, "store reachable"),
+        Err(e @ sealed_csi::CsiError::Store(sealed_store::Error::InvalidStoreUrl { .. })) => {
+            return Err(e.into());
+        }
+        Err(e) => tracing::warn!(error = %e, "store not reachable yet; retrying on publish"),
+    }
+    let listener = sealed_csi::bind(&socket)?;
+    tracing::info!(
+        endpoint = %args.endpoint,
+        node_id = %args.node_id,
+        state_dir = %args.state_dir.display(),
+        "serving {} {}",
+        sealed_csi::DRIVER_NAME,
+        env!("CARGO_PKG_VERSION")
+    );
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        tracing::info!("shutting down");
+    };
+    sealed_csi::serve(driver, listener, shutdown).await?;
+    let _ = std::fs::remove_file(&socket);
+    Ok(())
+}

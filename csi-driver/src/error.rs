@@ -1,0 +1,108 @@
+//! Every failure of the plugin, and the one place it becomes a gRPC status code.
+
+use std::path::PathBuf;
+
+use sealed_mount::MountError;
+use tonic::{Code, Status};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CsiError {
+    /// A required request field is empty (`volume_id`, `target_path`, ...).
+    #[error("{0} is required")]
+    Missing(&'static str),
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error(
+        "sealed volumes are read-only: {0} (set readOnly: true on the volume, and an access mode \
+         of ReadOnlyMany or ReadWriteOnce)"
+    )]
+    Writable(String),
+    #[error("volume {volume_id} is not published at {path}")]
+    NotPublished { volume_id: String, path: PathBuf },
+    #[error("{path} already holds volume {existing}; it cannot also hold {requested}")]
+    TargetInUse {
+        path: PathBuf,
+        existing: String,
+        requested: String,
+    },
+    #[error("{0} is not implemented: sealed volumes need no staging, expansion or controller")]
+    Unimplemented(&'static str),
+    #[error("store {store} is not reachable: {reason}")]
+    StoreUnreachable { store: String, reason: String },
+    #[error(transparent)]
+    Store(#[from] sealed_store::Error),
+    #[error(transparent)]
+    Mount(#[from] MountError),
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl CsiError {
+    pub fn io(what: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        CsiError::Io {
+            what,
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub fn code(&self) -> Code {
+        match self {
+            CsiError::Missing(_) | CsiError::InvalidArgument(_) | CsiError::Writable(_) => {
+                Code::InvalidArgument
+            }
+            CsiError::NotPublished { .. } => Code::NotFound,
+            CsiError::TargetInUse { .. } => Code::AlreadyExists,
+            CsiError::Unimplemented(_) => Code::Unimplemented,
+            CsiError::StoreUnreachable { .. } => Code::Unavailable,
+            CsiError::Store(e) => store_code(e),
+            CsiError::Mount(MountError::Store(e)) => store_code(e),
+            CsiError::Mount(MountError::BadManifest { .. }) => Code::DataLoss,
+            CsiError::Mount(_) | CsiError::Io { .. } => Code::Internal,
+        }
+    }
+}
+
+fn store_code(e: &sealed_store::Error) -> Code {
+    use sealed_store::Error as E;
+    match e {
+        E::MalformedDigest { .. } => Code::InvalidArgument,
+        E::UnknownVersion { .. } => Code::NotFound,
+        E::Backend { .. } | E::Timeout { .. } | E::StoreNotFound { .. } => Code::Unavailable,
+        E::ManifestDigestMismatch { .. }
+        | E::InvalidManifest(_)
+        | E::CorruptChunk { .. }
+        | E::MissingChunk { .. } => Code::DataLoss,
+        E::InFile { source, .. } => store_code(source),
+        _ => Code::Internal,
+    }
+}
+
+impl From<CsiError> for Status {
+    fn from(e: CsiError) -> Status {
+        let code = e.code();
+        // The full chain, so the message names the cause (kubelet shows it in pod events).
+        let mut message = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            let text = s.to_string();
+            if !message.contains(&text) {
+                message.push_str(": ");
+                message.push_str(&text);
+            }
+            source = s.source();
+        }
+        match code {
+            Code::Internal | Code::DataLoss | Code::Unavailable => {
+                tracing::warn!(?code, %message, "request failed")
+            }
+            _ => tracing::info!(?code, %message, "request refused"),
+        }
+        Status::new(code, message)
+    }
+}

@@ -1,0 +1,304 @@
+//! The CSI Node service: validates requests and hands them to the driver state.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use sealed_store::Digest;
+use tonic::{Request, Response, Status};
+
+use crate::csi::node_server::Node;
+use crate::csi::node_service_capability::{Rpc, rpc};
+use crate::csi::volume_capability::AccessType;
+use crate::csi::volume_capability::access_mode::Mode;
+use crate::csi::volume_usage::Unit;
+use crate::csi::{
+    NodeExpandVolumeRequest, NodeExpandVolumeResponse, NodeGetCapabilitiesRequest,
+    NodeGetCapabilitiesResponse, NodeGetInfoRequest, NodeGetInfoResponse,
+    NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse, NodePublishVolumeRequest,
+    NodePublishVolumeResponse, NodeServiceCapability, NodeStageVolumeRequest,
+    NodeStageVolumeResponse, NodeUnpublishVolumeRequest, NodeUnpublishVolumeResponse,
+    NodeUnstageVolumeRequest, NodeUnstageVolumeResponse, VolumeCapability, VolumeUsage,
+};
+use crate::error::CsiError;
+use crate::state::{Driver, Publish};
+
+/// The volume attribute that names the version to mount.
+pub const DIGEST_ATTRIBUTE: &str = "digest";
+/// Set by kubelet on ephemeral inline volumes.
+pub const EPHEMERAL_ATTRIBUTE: &str = "csi.storage.k8s.io/ephemeral";
+
+pub struct NodeService {
+    driver: Arc<Driver>,
+}
+
+impl NodeService {
+    pub fn new(driver: Arc<Driver>) -> Self {
+        NodeService { driver }
+    }
+}
+
+fn required<'a>(value: &'a str, name: &'static str) -> Result<&'a str, CsiError> {
+    if value.is_empty() {
+        Err(CsiError::Missing(name))
+    } else {
+        Ok(value)
+    }
+}
+
+/// Sealed volumes are mounted read-only, always. The request must say `readonly`; its access
+/// mode may be a single-node writer mode because kubelet sends SINGLE_NODE_WRITER for every
+/// inline volume and for ReadWriteOnce volumes (the mount is read-only all the same), but a
+/// multi-node writer mode asks for shared writes, which a sealed version cannot give.
+pub fn check_capability(cap: Option<&VolumeCapability>, readonly: bool) -> Result<(), CsiError> {
+    let cap = cap.ok_or(CsiError::Missing("volume_capability"))?;
+    match &cap.access_type {
+        Some(AccessType::Mount(_)) => {}
+        Some(AccessType::Block(_)) => {
+            return Err(CsiError::InvalidArgument(
+                "block access is not supported: a sealed volume is a filesystem (use a mount volume)"
+                    .into(),
+            ));
+        }
+        None => return Err(CsiError::Missing("volume_capability.access_type")),
+    }
+    let mode = cap
+        .access_mode
+        .as_ref()
+        .ok_or(CsiError::Missing("volume_capability.access_mode"))?
+        .mode();
+    match mode {
+        Mode::SingleNodeReaderOnly | Mode::MultiNodeReaderOnly => {}
+        Mode::SingleNodeWriter | Mode::SingleNodeSingleWriter | Mode::SingleNodeMultiWriter => {}
+        Mode::MultiNodeSingleWriter | Mode::MultiNodeMultiWriter => {
+            return Err(CsiError::Writable(format!(
+                "access mode {} asks for writes",
+                mode.as_str_name()
+            )));
+        }
+        Mode::Unknown => {
+            return Err(CsiError::InvalidArgument(
+                "volume_capability.access_mode is UNKNOWN".into(),
+            ));
+        }
+    }
+    if !readonly {
+        return Err(CsiError::Writable("the request has readonly=false".into()));
+    }
+    Ok(())
+}
+
+/// The digest of the version to mount, from the volume attributes (inline ephemeral volumes
+/// and static persistent volumes carry it the same way).
+pub fn digest_from_context(context: &HashMap<String, String>) -> Result<Digest, CsiError> {
+    let Some(text) = context.get(DIGEST_ATTRIBUTE) else {
+        if context.contains_key("tag") || context.contains_key("volume") {
+            return Err(CsiError::InvalidArgument(
+                "volume attributes name a volume/tag, which this plugin cannot resolve yet; \
+                 set volumeAttributes.digest to blake3:<64 hex>"
+                    .into(),
+            ));
+        }
+        return Err(CsiError::InvalidArgument(
+            "volume attribute 'digest' is required (volumeAttributes: {digest: blake3:<64 hex>})"
+                .into(),
+        ));
+    };
+    Digest::parse(text.trim())
+        .map_err(|e| CsiError::InvalidArgument(format!("volume attribute 'digest': {e}")))
+}
+
+fn publish_request(req: &NodePublishVolumeRequest) -> Result<Publish, CsiError> {
+    let volume_id = required(&req.volume_id, "volume_id")?;
+    let target = required(&req.target_path, "target_path")?;
+    check_capability(req.volume_capability.as_ref(), req.readonly)?;
+    let digest = digest_from_context(&req.volume_context)?;
+    let target = PathBuf::from(target);
+    if !target.is_absolute() {
+        return Err(CsiError::InvalidArgument(format!(
+            "target_path {} is not absolute",
+            target.display()
+        )));
+    }
+    Ok(Publish {
+        volume_id: volume_id.into(),
+        digest,
+        target,
+    })
+}
+
+fn capability(rpc: rpc::Type) -> NodeServiceCapability {
+    NodeServiceCapability {
+        r#type: Some(crate::csi::node_service_capability::Type::Rpc(Rpc {
+            r#type: rpc as i32,
+        })),
+    }
+}
+
+#[tonic::async_trait]
+impl Node for NodeService {
+    async fn node_stage_volume(
+        &self,
+        _request: Request<NodeStageVolumeRequest>,
+    ) -> Result<Response<NodeStageVolumeResponse>, Status> {
+        Err(CsiError::Unimplemented("NodeStageVolume").into())
+    }
+
+    async fn node_unstage_volume(
+        &self,
+        _request: Request<NodeUnstageVolumeRequest>,
+    ) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
+        Err(CsiError::Unimplemented("NodeUnstageVolume").into())
+    }
+
+    async fn node_publish_volume(
+        &self,
+        request: Request<NodePublishVolumeRequest>,
+    ) -> Result<Response<NodePublishVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let publish = publish_request(&req)?;
+        let ephemeral = req
+            .volume_context
+            .get(EPHEMERAL_ATTRIBUTE)
+            .is_some_and(|v| v == "true");
+        tracing::info!(
+            volume_id = %publish.volume_id,
+            digest = %publish.digest,
+            target = %publish.target.display(),
+            ephemeral,
+            "NodePublishVolume"
+        );
+        self.driver.publish(publish).await?;
+        Ok(Response::new(NodePublishVolumeResponse {}))
+    }
+
+    async fn node_unpublish_volume(
+        &self,
+        request: Request<NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<NodeUnpublishVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let volume_id = required(&req.volume_id, "volume_id")?;
+        let target = required(&req.target_path, "target_path")?;
+        tracing::info!(volume_id, target, "NodeUnpublishVolume");
+        self.driver
+            .unpublish(volume_id, &PathBuf::from(target))
+            .await?;
+        Ok(Response::new(NodeUnpublishVolumeResponse {}))
+    }
+
+    async fn node_get_volume_stats(
+        &self,
+        request: Request<NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
+        let req = request.into_inner();
+        let volume_id = required(&req.volume_id, "volume_id")?;
+        let path = required(&req.volume_path, "volume_path")?;
+        let stats = self.driver.stats(volume_id, &PathBuf::from(path)).await?;
+        let bytes = i64::try_from(stats.bytes).unwrap_or(i64::MAX);
+        let files = i64::try_from(stats.files).unwrap_or(i64::MAX);
+        Ok(Response::new(NodeGetVolumeStatsResponse {
+            usage: vec![
+                VolumeUsage {
+                    available: 0,
+                    total: bytes,
+                    used: bytes,
+                    unit: Unit::Bytes as i32,
+                },
+                VolumeUsage {
+                    available: 0,
+                    total: files,
+                    used: files,
+                    unit: Unit::Inodes as i32,
+                },
+            ],
+            volume_condition: None,
+        }))
+    }
+
+    async fn node_expand_volume(
+        &self,
+        _request: Request<NodeExpandVolumeRequest>,
+    ) -> Result<Response<NodeExpandVolumeResponse>, Status> {
+        Err(CsiError::Unimplemented("NodeExpandVolume").into())
+    }
+
+    async fn node_get_capabilities(
+        &self,
+        _request: Request<NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
+        Ok(Response::new(NodeGetCapabilitiesResponse {
+            capabilities: vec![capability(rpc::Type::GetVolumeStats)],
+        }))
+    }
+
+    async fn node_get_info(
+        &self,
+        _request: Request<NodeGetInfoRequest>,
+    ) -> Result<Response<NodeGetInfoResponse>, Status> {
+        let config = self.driver.config();
+        Ok(Response::new(NodeGetInfoResponse {
+            node_id: config.node_id.clone(),
+            max_volumes_per_node: config.max_volumes,
+            accessible_topology: None,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::csi::volume_capability::{AccessMode, BlockVolume, MountVolume};
+
+    fn cap(mode: Mode) -> VolumeCapability {
+        VolumeCapability {
+            access_mode: Some(AccessMode { mode: mode as i32 }),
+            access_type: Some(AccessType::Mount(MountVolume::default())),
+        }
+    }
+
+    #[test]
+    fn read_only_modes_and_single_node_writer_pass_when_readonly() {
+        for mode in [
+            Mode::SingleNodeReaderOnly,
+            Mode::MultiNodeReaderOnly,
+            Mode::SingleNodeWriter,
+        ] {
+            check_capability(Some(&cap(mode)), true).unwrap();
+        }
+    }
+
+    #[test]
+    fn writes_are_refused() {
+        let e = check_capability(Some(&cap(Mode::SingleNodeReaderOnly)), false).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(e.to_string().contains("read-only"), "{e}");
+        let e = check_capability(Some(&cap(Mode::MultiNodeMultiWriter)), true).unwrap_err();
+        assert!(e.to_string().contains("MULTI_NODE_MULTI_WRITER"), "{e}");
+        let block = VolumeCapability {
+            access_type: Some(AccessType::Block(BlockVolume::default())),
+            ..cap(Mode::MultiNodeReaderOnly)
+        };
+        let e = check_capability(Some(&block), true).unwrap_err();
+        assert!(e.to_string().contains("block"), "{e}");
+        let e = check_capability(None, true).unwrap_err();
+        assert_eq!(e.to_string(), "volume_capability is required");
+    }
+
+    #[test]
+    fn digest_attribute() {
+        let mut ctx = HashMap::new();
+        assert!(
+            digest_from_context(&ctx)
+                .unwrap_err()
+                .to_string()
+                .contains("'digest' is required")
+        );
+        ctx.insert("digest".into(), "blake3:xyz".into());
+        let e = digest_from_context(&ctx).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(e.to_string().contains("malformed digest"), "{e}");
+        let d = Digest::of(b"x");
+        ctx.insert("digest".into(), d.to_string());
+        assert_eq!(digest_from_context(&ctx).unwrap(), d);
+    }
+}
