@@ -5,6 +5,7 @@
 //! Skipped (with a notice) unless `SEALED_E2E_CLUSTER=1`.
 
 use std::collections::BTreeMap;
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -139,9 +140,75 @@ async fn crds_install_accept_valid_and_reject_invalid_objects() -> Result<()> {
     let client = cluster.client.clone();
     install_crds(&client).await?;
     let ns = cluster.temp_namespace("crds").await?;
-    let result = run(&client, &ns).await;
+    let mut result = run(&client, &ns).await;
+    if result.is_ok() {
+        result = kubectl_shows_docs_and_short_names(&cluster, &ns);
+    }
     cluster.delete_namespace(&ns).await?;
     result
+}
+
+/// `kubectl explain` prints the doc comments; `kubectl get` knows the short names and
+/// prints the columns.
+fn kubectl_shows_docs_and_short_names(cluster: &sealed_e2e::Cluster, ns: &str) -> Result<()> {
+    let bin = Command::new(sealed_e2e::repo_root().join("hack/build-k8s.sh"))
+        .arg("--print-bin-dir")
+        .output()
+        .context("cannot run hack/build-k8s.sh")?;
+    let kubectl = std::path::PathBuf::from(String::from_utf8(bin.stdout)?.trim()).join("kubectl");
+    let run = |args: &[&str]| -> Result<String> {
+        let out = Command::new(&kubectl)
+            .arg("--kubeconfig")
+            .arg(&cluster.kubeconfig)
+            .args(args)
+            .output()
+            .with_context(|| format!("cannot run {}", kubectl.display()))?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8(out.stdout)?)
+    };
+    for (path, needle) in [
+        ("sealedvolume.spec.tags", "Movable names for versions"),
+        (
+            "svol.spec.source",
+            "exactly one of huggingFace, objectStore or upload",
+        ),
+        ("svol.spec.retention.deletedVersions", "stays restorable"),
+        ("svv.spec.digest", "Immutable"),
+        ("svv.status.bytesReused", "already in the store"),
+    ] {
+        let text = run(&["explain", path])?;
+        if !text.contains(needle) {
+            bail!("kubectl explain {path} does not say {needle:?}:\n{text}");
+        }
+    }
+    let text = run(&["get", "svol", "-n", ns, "llama-3-8b"])?;
+    for col in [
+        "NAME",
+        "SOURCE",
+        "LATEST",
+        "READY",
+        "SYNCED",
+        "AGE",
+        "hf://meta-llama",
+    ] {
+        if !text.contains(col) {
+            bail!("kubectl get svol does not print {col}:\n{text}");
+        }
+    }
+    let text = run(&["get", "svv", "-n", ns])?;
+    for col in ["VOLUME", "DIGEST", "SIZE", "FILES", "16000000000"] {
+        if !text.contains(col) {
+            bail!("kubectl get svv does not print {col}:\n{text}");
+        }
+    }
+    eprintln!("kubectl get svv:\n{text}");
+    Ok(())
 }
 
 async fn run(client: &Client, ns: &str) -> Result<()> {
