@@ -18,7 +18,7 @@ use crate::schema;
     kind = "SealedVolumeVersion",
     namespaced,
     shortname = "svv",
-    category = "sealedvolumes",
+    category = "sealed",
     status = "SealedVolumeVersionStatus",
     derive = "PartialEq",
     doc = "One sealed version of a SealedVolume: an immutable directory tree named by its content digest. Pods in this namespace may mount the digest (pods in any namespace when the volume is shared). Deleting it moves the version to trash; `sealed restore DIGEST` brings it back within the volume's spec.retention.deletedVersions.",

@@ -22,7 +22,7 @@ use crate::validate::InvalidSpec;
     kind = "SealedVolume",
     namespaced,
     shortname = "svol",
-    category = "sealedvolumes",
+    category = "sealed",
     status = "SealedVolumeStatus",
     derive = "PartialEq",
     doc = "A named stream of immutable model versions. The operator syncs spec.source into the store in the background, seals each result as a SealedVolumeVersion named by its content digest (blake3:<64 hex>), and keeps spec.tags (movable names) pointing at those versions. Pods mount a version by digest (recommended) or by volume and tag.",

@@ -156,10 +156,14 @@ fn kubectl_shows_docs_and_short_names(cluster: &sealed_e2e::Cluster, ns: &str) -
         .output()
         .context("cannot run hack/build-k8s.sh")?;
     let kubectl = std::path::PathBuf::from(String::from_utf8(bin.stdout)?.trim()).join("kubectl");
+    // A private discovery cache: a shared one may predate the CRDs just applied.
+    let cache = std::env::temp_dir().join(format!("sealed-crds-kubectl-{}", std::process::id()));
     let run = |args: &[&str]| -> Result<String> {
         let out = Command::new(&kubectl)
             .arg("--kubeconfig")
             .arg(&cluster.kubeconfig)
+            .arg("--cache-dir")
+            .arg(&cache)
             .args(args)
             .output()
             .with_context(|| format!("cannot run {}", kubectl.display()))?;
@@ -208,6 +212,28 @@ fn kubectl_shows_docs_and_short_names(cluster: &sealed_e2e::Cluster, ns: &str) -
         }
     }
     eprintln!("kubectl get svv:\n{text}");
+    // The category lists both kinds (discovery may take a moment to show a changed CRD).
+    let mut text = String::new();
+    for _ in 0..20 {
+        let _ = std::fs::remove_dir_all(&cache);
+        match run(&["get", "sealed", "-n", ns, "-o", "name"]) {
+            Ok(t) => {
+                text = t;
+                break;
+            }
+            Err(e) => text = e.to_string(),
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let _ = std::fs::remove_dir_all(&cache);
+    for name in [
+        "sealedvolume.sealedvolumes.io/llama-3-8b",
+        "sealedvolumeversion.sealedvolumes.io/llama-3-8b-8f3a5b0c",
+    ] {
+        if !text.contains(name) {
+            bail!("kubectl get sealed does not list {name}:\n{text}");
+        }
+    }
     Ok(())
 }
 
