@@ -101,6 +101,13 @@ pub fn parse_duration(s: &str) -> Option<std::time::Duration> {
     std::time::Duration::try_from_secs_f64(total).ok()
 }
 
+/// `^https?://[^/]+`: a scheme and a host.
+fn is_http_url(s: &str) -> bool {
+    s.strip_prefix("https://")
+        .or_else(|| s.strip_prefix("http://"))
+        .is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/'))
+}
+
 impl SealedVolumeSpec {
     /// Every rule the API server enforces on create, as a list of what is wrong (empty when
     /// valid).
@@ -122,6 +129,14 @@ impl SealedVolumeSpec {
                     "must be a Hugging Face repository id: org/name",
                 ));
             }
+            if let Some(e) = &hf.endpoint
+                && !is_http_url(e)
+            {
+                errors.push(InvalidSpec::new(
+                    "spec.source.huggingFace.endpoint",
+                    "must be an http(s) URL such as https://huggingface.co",
+                ));
+            }
             if hf.revision.is_empty() {
                 errors.push(InvalidSpec::new(
                     "spec.source.huggingFace.revision",
@@ -137,6 +152,14 @@ impl SealedVolumeSpec {
                 .url
                 .split_once("://")
                 .is_some_and(|(scheme, rest)| schemes.contains(&scheme) && !rest.is_empty());
+            if let Some(e) = &os.endpoint
+                && !is_http_url(e)
+            {
+                errors.push(InvalidSpec::new(
+                    "spec.source.objectStore.endpoint",
+                    "must be an http(s) URL such as https://s3.example.com",
+                ));
+            }
             if !ok {
                 errors.push(InvalidSpec::new(
                     "spec.source.objectStore.url",

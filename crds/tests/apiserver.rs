@@ -467,6 +467,21 @@ spec:
         vec!["spec.source.objectStore.url", "must be a URL such as s3://"],
     ));
 
+    let mut bad_endpoint = bucket.clone();
+    bad_endpoint.metadata.name = Some("bad-endpoint".into());
+    bad_endpoint
+        .spec
+        .source
+        .object_store
+        .as_mut()
+        .unwrap()
+        .endpoint = Some("127.0.0.1:5000".into());
+    cases.push((
+        "endpoint without a scheme",
+        bad_endpoint,
+        vec!["spec.source.objectStore.endpoint", "must be an http(s) URL"],
+    ));
+
     for (what, obj, needles) in cases {
         let local = obj.spec.validate();
         assert!(
