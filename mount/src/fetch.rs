@@ -197,9 +197,14 @@ impl NodeCache {
                 this.inner.memory.put(&digest, data);
             }
             this.inner.inflight.lock().remove(&digest);
+            // Counted before readers get their bytes, so that `flush` cannot miss it.
+            let write = matches!(result, Ok((_, true)));
+            if write {
+                this.inner.pending_writes.fetch_add(1, Ordering::AcqRel);
+            }
             let _ = tx.send(result.clone().map(|(data, _)| data));
             // Readers have their bytes; the disk copy is written off their path.
-            if let Ok((data, true)) = result {
+            if let (true, Ok((data, _))) = (write, result) {
                 this.write_to_disk(digest, data).await;
             }
         });
@@ -244,11 +249,8 @@ impl NodeCache {
         Ok((data, self.inner.disk.is_some()))
     }
 
+    /// Writes a chunk to the disk cache; the caller has counted it in `pending_writes`.
     async fn write_to_disk(&self, digest: Digest, data: Bytes) {
-        if self.inner.disk.is_none() {
-            return;
-        }
-        self.inner.pending_writes.fetch_add(1, Ordering::AcqRel);
         let this = self.clone();
         let _ = tokio::task::spawn_blocking(move || {
             if let Some(disk) = &this.inner.disk {

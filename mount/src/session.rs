@@ -87,6 +87,13 @@ impl MountHandle {
         match std::fs::metadata(&mountpoint) {
             Ok(m) if m.is_dir() => {}
             Ok(_) => return Err(bad_dir("not a directory".into())),
+            Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+                return Err(bad_dir(format!(
+                    "{e}: a mount whose server is gone is still attached here; \
+                     `sealed umount --lazy {}` detaches it",
+                    mountpoint.display()
+                )));
+            }
             Err(e) => return Err(bad_dir(e.to_string())),
         }
         let manifest = store.get_manifest(&digest).await?;

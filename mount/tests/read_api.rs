@@ -330,10 +330,24 @@ async fn disk_cache_is_bounded_survives_restart_and_is_shared_between_versions()
     let ino = resolve(&fs2, "weights/model-00001.bin");
     assert!(read_all(&fs2, ino, 1 << 20).await == v2);
     let new_fetches = faulty.gets() - before;
+    let chunks_of = |m: &sealed_store::Manifest| -> HashSet<Digest> {
+        m.entries
+            .iter()
+            .filter(|e| e.path == "weights/model-00001.bin")
+            .flat_map(|e| match &e.kind {
+                EntryKind::File(f) => f.chunks.iter().map(|c| c.digest).collect(),
+                _ => vec![],
+            })
+            .collect()
+    };
+    let v1 = chunks_of(&fx.store.get_manifest(&fx.digest).await.unwrap());
+    let v2_chunks = chunks_of(&fx.store.get_manifest(&digest2).await.unwrap());
+    let only_v2 = v2_chunks.difference(&v1).count() as u64;
     assert!(
-        new_fetches < fetched_first,
-        "{new_fetches} fetched; v1 needed {fetched_first}"
+        only_v2 < v2_chunks.len() as u64,
+        "the versions share chunks"
     );
+    assert_eq!(new_fetches, only_v2, "only chunks v1 lacks are fetched");
     assert!(fs2.metrics().snapshot().disk_hits > 0);
 }
 

@@ -23,8 +23,9 @@ pub struct MountArgs {
     pub digest: String,
     /// Directory to mount it on
     pub dir: PathBuf,
-    /// Node disk cache directory, shared by every mount on this machine
-    /// [default: /var/cache/sealed-volumes as root, else ~/.cache/sealed-volumes]
+    /// Node disk cache directory, shared by every mount on this machine [default:
+    /// /var/cache/sealed-volumes as root, else ~/.cache/sealed-volumes; none for a file:// store,
+    /// which is already on a local disk, unless this is given]
     #[arg(long, env = "SEALED_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
     /// Bound on the disk cache (bytes; K, M, G, T suffixes are powers of 1024)
@@ -131,10 +132,12 @@ async fn serve(ctx: &Context, args: MountArgs) -> anyhow::Result<ExitCode> {
     let digest = parse_digest(&args.digest)?;
     let prefetch = PrefetchSelection::parse(&args.prefetch)?;
     let store = ctx.open_store().await?;
-    let cache_dir = if args.no_disk_cache {
-        None
-    } else {
-        Some(args.cache_dir.clone().unwrap_or_else(default_cache_dir))
+    let cache_dir = match (&args.cache_dir, args.no_disk_cache) {
+        (_, true) => None,
+        (Some(dir), false) => Some(dir.clone()),
+        // A local store is already a disk tier: a second copy would only cost writes.
+        (None, false) if ctx.store_url.starts_with("file://") => None,
+        (None, false) => Some(default_cache_dir()),
     };
     let cache = NodeCache::new(&NodeCacheOptions {
         disk_dir: cache_dir.clone(),
