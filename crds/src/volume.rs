@@ -152,6 +152,77 @@ impl Source {
             ..Self::default()
         }
     }
+
+    /// Parses the one-line form `sealed sync` takes and `status.source` shows:
+    /// `hf://org/name[@revision]`, `hf://datasets/org/name[@revision]`, an object store URL
+    /// (`s3://bucket/prefix`, `gs://…`, `az://…`, `https://…`), or `upload`.
+    pub fn from_uri(uri: &str) -> Result<Self, InvalidSpec> {
+        if uri == "upload" {
+            return Ok(Self::upload());
+        }
+        if let Some(rest) = uri.strip_prefix("hf://") {
+            let (repo_type, rest) = match rest.strip_prefix("datasets/") {
+                Some(r) => (HuggingFaceRepoType::Dataset, r),
+                None => (HuggingFaceRepoType::Model, rest),
+            };
+            let (repo, revision) = match rest.split_once('@') {
+                Some((repo, rev)) => (repo, rev),
+                None => (rest, "main"),
+            };
+            let source = Self::hugging_face(HuggingFaceSource {
+                repo: repo.into(),
+                revision: revision.into(),
+                repo_type,
+                include: vec![],
+                exclude: vec![],
+                token_secret_ref: None,
+                endpoint: None,
+            });
+            return source.checked(uri);
+        }
+        Self::object_store(ObjectStoreSource {
+            url: uri.into(),
+            endpoint: None,
+            region: None,
+            credentials_secret_ref: None,
+        })
+        .checked(uri)
+    }
+
+    fn checked(self, uri: &str) -> Result<Self, InvalidSpec> {
+        let spec = SealedVolumeSpec {
+            source: self,
+            tags: BTreeMap::new(),
+            retention: Retention::default(),
+            shared: false,
+        };
+        match spec.validate().into_iter().next() {
+            None => Ok(spec.source),
+            Some(e) => Err(InvalidSpec::new(
+                "source",
+                format!(
+                    "{uri:?} is not a source ({}); use hf://org/name[@revision], s3://bucket/prefix, gs://bucket/prefix, az://container/prefix or upload",
+                    e.message
+                ),
+            )),
+        }
+    }
+
+    /// The source in one line (the inverse of [`Source::from_uri`]), for `status.source`.
+    pub fn summary(&self) -> String {
+        match self.kind() {
+            Ok(SourceKind::HuggingFace(hf)) => {
+                let prefix = match hf.repo_type {
+                    HuggingFaceRepoType::Model => "",
+                    HuggingFaceRepoType::Dataset => "datasets/",
+                };
+                format!("hf://{prefix}{}@{}", hf.repo, hf.revision)
+            }
+            Ok(SourceKind::ObjectStore(os)) => os.url.clone(),
+            Ok(SourceKind::Upload(_)) => "upload".into(),
+            Err(_) => "invalid".into(),
+        }
+    }
 }
 
 /// A Hugging Face Hub repository.
@@ -347,6 +418,13 @@ pub struct SealedVolumeStatus {
     pub tags: BTreeMap<String, TagStatus>,
 }
 
+impl SealedVolumeSpec {
+    /// The digest a tag names, if the tag exists.
+    pub fn tag(&self, name: &str) -> Option<&str> {
+        self.tags.get(name).map(String::as_str)
+    }
+}
+
 impl SealedVolumeStatus {
     /// The condition of this type, if set.
     pub fn condition(&self, type_: &str) -> Option<&Condition> {
@@ -403,4 +481,47 @@ pub struct TagStatus {
     /// (the tag does not resolve, and Ready is False).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_uris_round_trip() {
+        for (uri, summary) in [
+            (
+                "hf://meta-llama/Meta-Llama-3-8B",
+                "hf://meta-llama/Meta-Llama-3-8B@main",
+            ),
+            ("hf://org/name@8afc5e2", "hf://org/name@8afc5e2"),
+            ("hf://datasets/org/data@v1.0", "hf://datasets/org/data@v1.0"),
+            ("hf://gpt2", "hf://gpt2@main"),
+            ("s3://models/llama", "s3://models/llama"),
+            ("gs://b/p", "gs://b/p"),
+            ("az://container/prefix", "az://container/prefix"),
+            ("upload", "upload"),
+        ] {
+            let s = Source::from_uri(uri).unwrap_or_else(|e| panic!("{uri}: {e}"));
+            assert_eq!(s.summary(), summary);
+            assert_eq!(Source::from_uri(summary).unwrap(), s);
+        }
+        let hf = Source::from_uri("hf://datasets/org/data@v1").unwrap();
+        let SourceKind::HuggingFace(hf) = hf.kind().unwrap() else {
+            panic!()
+        };
+        assert_eq!(hf.repo_type, HuggingFaceRepoType::Dataset);
+        assert_eq!((hf.repo.as_str(), hf.revision.as_str()), ("org/data", "v1"));
+        for bad in [
+            "hf://a/b/c",
+            "hf://",
+            "hf://org/name@",
+            "models/llama",
+            "ftp://x/y",
+            "",
+        ] {
+            let e = Source::from_uri(bad).unwrap_err();
+            assert!(e.message.contains("is not a source"), "{bad}: {e}");
+        }
+    }
 }
