@@ -1,0 +1,153 @@
+//! Shared by the integration tests: a store with a pushed tree, the real `sealed-csi` binary on
+//! a temporary socket, and a gRPC client for it.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hyper_util::rt::TokioIo;
+use sealed_store::push::{PushOptions, push};
+use sealed_store::{ChunkStore, Digest, NoProgress, StoreOptions};
+use tempfile::TempDir;
+use tokio::net::UnixStream;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// A file:// store holding one small version.
+pub struct TestStore {
+    pub dir: TempDir,
+    pub url: String,
+    pub digest: Digest,
+    /// The pushed tree, to compare mounted bytes against.
+    pub source: PathBuf,
+}
+
+pub async fn store_with_version() -> TestStore {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("tree");
+    std::fs::create_dir_all(source.join("sub")).unwrap();
+    std::fs::write(source.join("config.json"), br#"{"model": "tiny"}"#).unwrap();
+    let weights: Vec<u8> = (0..3_000_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(source.join("sub/weights.bin"), &weights).unwrap();
+    let store_dir = dir.path().join("store");
+    std::fs::create_dir_all(&store_dir).unwrap();
+    let url = format!("file://{}", store_dir.display());
+    let store = ChunkStore::open(&url, &StoreOptions::default())
+        .await
+        .unwrap();
+    let report = push(
+        &store,
+        &source,
+        &PushOptions::default(),
+        Arc::new(NoProgress),
+    )
+    .await
+    .unwrap();
+    TestStore {
+        dir,
+        url,
+        digest: report.digest,
+        source,
+    }
+}
+
+/// The real plugin binary, serving on a socket in its own temporary directory.
+pub struct Plugin {
+    child: Child,
+    pub dir: TempDir,
+    pub socket: PathBuf,
+}
+
+impl Plugin {
+    pub fn start(store_url: &str, extra: &[&str]) -> Plugin {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("csi.sock");
+        let log = std::fs::File::create(dir.path().join("plugin.log")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_sealed-csi"))
+            .arg("--standalone")
+            .arg(format!("--endpoint=unix://{}", socket.display()))
+            .arg("--node-id=test-node")
+            .arg(format!("--store={store_url}"))
+            .arg(format!(
+                "--state-dir={}",
+                dir.path().join("state").display()
+            ))
+            .arg(format!(
+                "--cache-dir={}",
+                dir.path().join("cache").display()
+            ))
+            .arg("--cache-size=64M")
+            .args(extra)
+            // Static credentials, so an s3:// store never asks an instance-metadata service.
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .env("SEALED_LOG", "debug")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start sealed-csi");
+        let plugin = Plugin { child, dir, socket };
+        let started = Instant::now();
+        while !plugin.socket.exists() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "sealed-csi did not create its socket; log:\n{}",
+                plugin.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        plugin
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("unix://{}", self.socket.display())
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("plugin.log")).unwrap_or_default()
+    }
+
+    pub async fn channel(&self) -> Channel {
+        connect(&self.socket).await
+    }
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        // SIGTERM first so the plugin shuts down cleanly; then make sure it is gone.
+        // SAFETY: kill with a pid of our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub async fn connect(socket: &Path) -> Channel {
+    let socket = socket.to_path_buf();
+    Endpoint::try_from("http://[::]:50051")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let socket = socket.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(socket).await?)) }
+        }))
+        .await
+        .expect("connect to sealed-csi")
+}
+
+/// Root and /dev/fuse, which mounting needs.
+pub fn can_mount() -> bool {
+    // SAFETY: geteuid cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    root && Path::new("/dev/fuse").exists()
+}
