@@ -1,8 +1,10 @@
 //! Generates the CRD YAML of `sealed-crds`.
 //!
-//!   crdgen            write crds/yaml/<group>_<plural>.yaml (the checked-in files)
-//!   crdgen --stdout   print every CRD as one multi-document YAML stream (for kubectl apply -f -)
-//!   crdgen --check    exit 1 when the checked-in files differ from the types
+//! ```text
+//! crdgen            write crds/yaml/<group>_<plural>.yaml (the checked-in files)
+//! crdgen --stdout   print every CRD as one multi-document YAML stream (for kubectl apply -f -)
+//! crdgen --check    exit 1 when the checked-in files differ from the types
+//! ```
 
 use std::process::ExitCode;
 
