@@ -369,6 +369,43 @@ spec:
         ]
     );
 
+    // Conditions are a list-map keyed by type: two field managers applying one condition
+    // each (as the operator's sync and tag reconcilers may) keep both.
+    let cond = |type_: &str, status: &str, reason: &str| sealed_crds::Condition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: format!("{type_} is {status}"),
+        observed_generation: Some(1),
+        last_transition_time: serde_json::from_value(serde_json::json!("2026-01-02T00:00:00Z"))
+            .unwrap(),
+    };
+    for (manager, c) in [
+        ("sealed-test-sync", cond("Synced", "True", "SyncSucceeded")),
+        ("sealed-test-tags", cond("Ready", "False", "TagNotFound")),
+    ] {
+        let status = sealed_crds::SealedVolumeStatus {
+            conditions: vec![c],
+            ..Default::default()
+        };
+        let apply = serde_json::json!({
+            "apiVersion": sealed_crds::API_VERSION, "kind": "SealedVolume",
+            "status": status,
+        });
+        volumes
+            .patch_status(
+                "from-bucket",
+                &PatchParams::apply(manager).force(),
+                &Patch::Apply(&apply),
+            )
+            .await?;
+    }
+    let got = volumes.get_status("from-bucket").await?;
+    let st = got.status.context("no status")?;
+    assert_eq!(st.conditions.len(), 2, "{:?}", st.conditions);
+    assert_eq!(st.condition("Synced").unwrap().reason, "SyncSucceeded");
+    assert_eq!(st.condition("Ready").unwrap().reason, "TagNotFound");
+
     // spec.digest is selectable: the CSI driver's "is this digest in this namespace" lookup.
     let found = versions
         .list(&kube::api::ListParams::default().fields(&format!("spec.digest={D1}")))
