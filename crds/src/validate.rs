@@ -286,5 +286,7 @@ mod tests {
         let long = "a".repeat(253);
         let name = SealedVolumeVersionSpec::object_name(&long, D);
         assert_eq!(name.len(), 253);
+        // Never panics, whatever it is given.
+        let _ = SealedVolumeVersionSpec::object_name(&"ä".repeat(200), "blake3:ääää");
     }
 }

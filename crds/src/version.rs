@@ -72,9 +72,13 @@ impl SealedVolumeVersionSpec {
     /// `<volume>-<first 16 hex digits>`, shortened so it stays a valid name.
     pub fn object_name(volume: &str, digest: &str) -> String {
         let hex = digest.strip_prefix("blake3:").unwrap_or(digest);
-        let hex = &hex[..hex.len().min(16)];
+        let hex: String = hex.chars().take(16).collect();
         let max_volume = 253 - 1 - hex.len();
-        let volume = &volume[..volume.len().min(max_volume)];
+        let cut = (0..=volume.len().min(max_volume))
+            .rev()
+            .find(|&i| volume.is_char_boundary(i))
+            .unwrap_or(0);
+        let volume = &volume[..cut];
         format!("{}-{hex}", volume.trim_end_matches(['-', '.']))
     }
 }
