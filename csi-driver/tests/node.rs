@@ -64,7 +64,7 @@ async fn expect_error(
 
 #[tokio::test]
 async fn bad_input_gets_the_right_code_and_message() {
-    let store: TestStore = store_with_version().await;
+    let store: TestStore = store_with_version("bad_input_gets_the_right_code_and_message").await;
     let plugin = Plugin::start(&store.url, &[]);
     let mut client = NodeClient::new(plugin.channel().await);
     let target = plugin.dir.path().join("target");
@@ -207,7 +207,7 @@ async fn unreachable_store_is_unavailable() {
 
 #[tokio::test]
 async fn info_and_capabilities() {
-    let store = store_with_version().await;
+    let store = store_with_version("info_and_capabilities").await;
     let plugin = Plugin::start(&store.url, &["--max-volumes=7"]);
     let mut client = NodeClient::new(plugin.channel().await);
     let info = client
@@ -225,10 +225,19 @@ async fn info_and_capabilities() {
     assert_eq!(caps.capabilities.len(), 1);
 }
 
-fn fuse_mounts_of(digest: &Digest) -> usize {
+/// Mounts of `digest` (the FUSE mount and its binds) under `dir`, per /proc/self/mountinfo.
+fn fuse_mounts_of(digest: &Digest, dir: &Path) -> usize {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     let name = format!("sealed-{}", digest.hex());
-    info.lines().filter(|l| l.contains(&name)).count()
+    let dir = dir.canonicalize().unwrap();
+    info.lines()
+        .filter(|l| l.contains(&name))
+        .filter(|l| {
+            l.split(' ')
+                .nth(4)
+                .is_some_and(|mp| Path::new(mp).starts_with(&dir))
+        })
+        .count()
 }
 
 fn assert_same_tree(mounted: &Path, source: &Path) {
@@ -245,7 +254,7 @@ async fn publish_shares_one_fuse_mount_and_unpublish_removes_it() {
         println!("skipped: mounting needs root and /dev/fuse");
         return;
     }
-    let store = store_with_version().await;
+    let store = store_with_version("publish_shares_one_fuse_mount_and_unpublish_removes_it").await;
     let plugin = Plugin::start(&store.url, &[]);
     let mut client = NodeClient::new(plugin.channel().await);
     let digest = store.digest.to_string();
@@ -270,7 +279,12 @@ async fn publish_shares_one_fuse_mount_and_unpublish_removes_it() {
     assert_same_tree(&t1, &store.source);
     assert_same_tree(&t2, &store.source);
     // One FUSE mount plus one bind mount per target.
-    assert_eq!(fuse_mounts_of(&store.digest), 3, "{}", plugin.log());
+    assert_eq!(
+        fuse_mounts_of(&store.digest, plugin.dir.path()),
+        3,
+        "{}",
+        plugin.log()
+    );
     let write = std::fs::write(t1.join("new"), b"x").unwrap_err();
     assert_eq!(write.raw_os_error(), Some(libc::EROFS), "{write}");
 
@@ -291,7 +305,11 @@ async fn publish_shares_one_fuse_mount_and_unpublish_removes_it() {
         .unwrap()
         .into_inner();
     let bytes = stats.usage.iter().find(|u| u.unit == 1).unwrap();
-    assert_eq!(bytes.total, 3_000_000 + 17);
+    let want: u64 = ["config.json", "sub/weights.bin"]
+        .iter()
+        .map(|f| std::fs::metadata(store.source.join(f)).unwrap().len())
+        .sum();
+    assert_eq!(bytes.total as u64, want);
 
     let unpublish = |id: &str, t: &Path| NodeUnpublishVolumeRequest {
         volume_id: id.into(),
@@ -303,7 +321,7 @@ async fn publish_shares_one_fuse_mount_and_unpublish_removes_it() {
         .unwrap();
     assert!(!t1.exists(), "target removed");
     assert_same_tree(&t2, &store.source);
-    assert_eq!(fuse_mounts_of(&store.digest), 2);
+    assert_eq!(fuse_mounts_of(&store.digest, plugin.dir.path()), 2);
     // Idempotent: again, after it is gone.
     client
         .node_unpublish_volume(unpublish("vol-a", &t1))
@@ -314,5 +332,99 @@ async fn publish_shares_one_fuse_mount_and_unpublish_removes_it() {
         .await
         .unwrap();
     assert!(!t2.exists(), "target removed");
-    assert_eq!(fuse_mounts_of(&store.digest), 0, "{}", plugin.log());
+    assert_eq!(
+        fuse_mounts_of(&store.digest, plugin.dir.path()),
+        0,
+        "{}",
+        plugin.log()
+    );
+}
+
+#[tokio::test]
+async fn concurrent_publishes_of_one_digest_share_one_fuse_mount() {
+    if !can_mount() {
+        println!("skipped: mounting needs root and /dev/fuse");
+        return;
+    }
+    let store = store_with_version("concurrent_publishes_of_one_digest_share_one_fuse_mount").await;
+    let plugin = Plugin::start(&store.url, &[]);
+    let channel = plugin.channel().await;
+    let digest = store.digest.to_string();
+    let targets: Vec<_> = (0..6)
+        .map(|i| plugin.dir.path().join(format!("pods/{i}/volume")))
+        .collect();
+    let publishes = targets.iter().enumerate().map(|(i, t)| {
+        let mut client = NodeClient::new(channel.clone());
+        let req = publish_req(&format!("vol-{i}"), t, &digest);
+        async move { client.node_publish_volume(req).await }
+    });
+    for result in futures::future::join_all(publishes).await {
+        result.unwrap();
+    }
+    assert_eq!(
+        fuse_mounts_of(&store.digest, plugin.dir.path()),
+        1 + targets.len()
+    );
+    let mut client = NodeClient::new(channel);
+    for (i, t) in targets.iter().enumerate() {
+        client
+            .node_unpublish_volume(NodeUnpublishVolumeRequest {
+                volume_id: format!("vol-{i}"),
+                target_path: t.display().to_string(),
+            })
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        fuse_mounts_of(&store.digest, plugin.dir.path()),
+        0,
+        "{}",
+        plugin.log()
+    );
+}
+
+#[tokio::test]
+async fn a_restarted_plugin_cleans_up_what_a_crashed_one_left() {
+    if !can_mount() {
+        println!("skipped: mounting needs root and /dev/fuse");
+        return;
+    }
+    let store = store_with_version("a_restarted_plugin_cleans_up_what_a_crashed_one_left").await;
+    let plugin = Plugin::start(&store.url, &[]);
+    let target = plugin.dir.path().join("pods/a/volume");
+    let mut client = NodeClient::new(plugin.channel().await);
+    client
+        .node_publish_volume(publish_req("vol-a", &target, &store.digest.to_string()))
+        .await
+        .unwrap();
+    assert_eq!(fuse_mounts_of(&store.digest, plugin.dir.path()), 2);
+    drop(client);
+
+    // SIGKILL: the FUSE mount and the bind are left behind, served by nobody.
+    let home = plugin.crash();
+    assert_eq!(fuse_mounts_of(&store.digest, home.path()), 2);
+    let plugin = Plugin::start_in(home, &store.url, &[]);
+    // The FUSE mount under the state directory is gone at start.
+    assert_eq!(
+        fuse_mounts_of(&store.digest, plugin.dir.path()),
+        1,
+        "{}",
+        plugin.log()
+    );
+    // kubelet's unpublish of the orphaned target unmounts it and removes the directory.
+    let mut client = NodeClient::new(plugin.channel().await);
+    client
+        .node_unpublish_volume(NodeUnpublishVolumeRequest {
+            volume_id: "vol-a".into(),
+            target_path: target.display().to_string(),
+        })
+        .await
+        .unwrap();
+    assert!(!target.exists());
+    assert_eq!(
+        fuse_mounts_of(&store.digest, plugin.dir.path()),
+        0,
+        "{}",
+        plugin.log()
+    );
 }

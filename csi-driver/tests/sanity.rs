@@ -43,7 +43,7 @@ async fn csi_sanity_passes() {
         println!("skipped: csi-sanity not built (hack/build-k8s.sh builds it)");
         return;
     };
-    let store = store_with_version().await;
+    let store = store_with_version("sanity").await;
     let plugin = Plugin::start(&store.url, &[]);
     let work = plugin.dir.path();
     // Only CreateVolume reads these parameters, so in a node-only run they are unused; they

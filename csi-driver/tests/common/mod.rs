@@ -24,11 +24,17 @@ pub struct TestStore {
     pub source: PathBuf,
 }
 
-pub async fn store_with_version() -> TestStore {
+/// `name` goes into the tree, so each test mounts its own digest and tests running at the
+/// same time never see each other's mounts.
+pub async fn store_with_version(name: &str) -> TestStore {
     let dir = tempfile::tempdir().unwrap();
     let source = dir.path().join("tree");
     std::fs::create_dir_all(source.join("sub")).unwrap();
-    std::fs::write(source.join("config.json"), br#"{"model": "tiny"}"#).unwrap();
+    std::fs::write(
+        source.join("config.json"),
+        format!(r#"{{"model": "{name}"}}"#),
+    )
+    .unwrap();
     let weights: Vec<u8> = (0..3_000_000u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
         .collect();
@@ -64,9 +70,19 @@ pub struct Plugin {
 
 impl Plugin {
     pub fn start(store_url: &str, extra: &[&str]) -> Plugin {
-        let dir = tempfile::tempdir().unwrap();
+        Plugin::start_in(tempfile::tempdir().unwrap(), store_url, extra)
+    }
+
+    /// Starts the plugin with `dir` as its home (socket, state, cache): a restart reuses it.
+    pub fn start_in(dir: TempDir, store_url: &str, extra: &[&str]) -> Plugin {
         let socket = dir.path().join("csi.sock");
-        let log = std::fs::File::create(dir.path().join("plugin.log")).unwrap();
+        // A crashed run leaves its socket behind; wait for the new one.
+        let _ = std::fs::remove_file(&socket);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.path().join("plugin.log"))
+            .unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_sealed-csi"))
             .arg("--standalone")
             .arg(format!("--endpoint=unix://{}", socket.display()))
@@ -116,6 +132,16 @@ impl Plugin {
     }
 }
 
+impl Plugin {
+    /// Kills the plugin with SIGKILL (no cleanup at all) and hands back its home directory.
+    pub fn crash(mut self) -> TempDir {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let dir = tempfile::tempdir().unwrap();
+        std::mem::replace(&mut self.dir, dir)
+    }
+}
+
 impl Drop for Plugin {
     fn drop(&mut self) {
         // SIGTERM first so the plugin shuts down cleanly; then make sure it is gone.
@@ -124,12 +150,28 @@ impl Drop for Plugin {
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
+                self.detach_leftovers();
                 return;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+        self.detach_leftovers();
+    }
+}
+
+impl Plugin {
+    /// A failed test may leave mounts in its directory; detach them so they do not outlive it.
+    fn detach_leftovers(&self) {
+        let Ok(dir) = self.dir.path().canonicalize() else {
+            return;
+        };
+        for mp in sealed_csi::mounts::mount_points() {
+            if mp.starts_with(&dir) {
+                let _ = sealed_mount::unmount(&mp, true);
+            }
+        }
     }
 }
 
