@@ -169,25 +169,18 @@ pub fn chunk_reader_with_sink<R: Read>(
     let cutter = params.cutter();
     let mut whole = blake3::Hasher::new();
     let mut chunks = Vec::new();
-    let mut buf: Vec<u8> = Vec::with_capacity(READ_BLOCK + cutter.max);
+    let mut buf: Vec<u8> = Vec::new();
     let mut size: u64 = 0;
     let mut eof = false;
     while !eof || !buf.is_empty() {
         // Fill the buffer up to a block (or the end of the input).
         let fresh_from = buf.len();
-        while !eof && buf.len() < READ_BLOCK {
-            let want = READ_BLOCK - buf.len();
-            let start = buf.len();
-            buf.resize(start + want, 0);
-            let n = loop {
-                match reader.read(&mut buf[start..]) {
-                    Ok(n) => break n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(e),
-                }
-            };
-            buf.truncate(start + n);
-            eof = n == 0;
+        if !eof {
+            // read_to_end grows the buffer only as bytes arrive: a small file costs a small
+            // buffer, not a zero-filled block.
+            let want = (READ_BLOCK - buf.len()) as u64;
+            let n = (&mut reader).take(want).read_to_end(&mut buf)?;
+            eof = (n as u64) < want;
         }
         let fresh = &buf[fresh_from..];
         size += fresh.len() as u64;
