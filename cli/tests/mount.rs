@@ -1,0 +1,122 @@
+//! `sealed mount --background` / `sealed umount` as a user runs them: a real FUSE mount served by
+//! a separate process, read back byte-identical, then unmounted.
+
+use std::path::Path;
+use std::process::Command;
+
+use assert_cmd::cargo::CommandCargoExt;
+
+fn can_mount() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root || !Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: FUSE mounts need root and /dev/fuse");
+        return false;
+    }
+    true
+}
+
+fn is_mounted(dir: &Path) -> bool {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    mounts
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some(dir.to_str().unwrap_or("")))
+}
+
+#[test]
+fn background_mount_reads_back_and_unmounts() {
+    if !can_mount() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let store = work.path().join("store");
+    std::fs::create_dir(&store).unwrap();
+    let src = work.path().join("model");
+    std::fs::create_dir_all(src.join("tokenizer")).unwrap();
+    let weights: Vec<u8> = (0..(9u32 << 20))
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    std::fs::write(src.join("model.safetensors"), &weights).unwrap();
+    std::fs::write(src.join("tokenizer/tokenizer.json"), b"{\"model\":{}}").unwrap();
+    std::os::unix::fs::symlink("model.safetensors", src.join("current")).unwrap();
+
+    let sealed = || {
+        let mut c = Command::cargo_bin("sealed").unwrap();
+        c.env("SEALED_STORE", format!("file://{}", store.display()));
+        c
+    };
+    let out = sealed().arg("push").arg(&src).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let digest = String::from_utf8(out.stdout).unwrap().trim().to_string();
+
+    let mnt = work.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let out = sealed()
+        .args(["mount", &digest])
+        .arg(&mnt)
+        .arg("--background")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        is_mounted(&mnt),
+        "not in /proc/self/mounts after --background returned"
+    );
+
+    let read_back = std::fs::read(mnt.join("model.safetensors"));
+    let tokenizer = std::fs::read(mnt.join("tokenizer/tokenizer.json"));
+    let link = std::fs::read_link(mnt.join("current"));
+    let write = std::fs::write(mnt.join("new.txt"), b"x");
+
+    let out = sealed().arg("umount").arg(&mnt).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!is_mounted(&mnt), "still mounted after sealed umount");
+
+    assert!(
+        read_back.unwrap() == weights,
+        "bytes differ through the mount"
+    );
+    assert_eq!(tokenizer.unwrap(), b"{\"model\":{}}");
+    assert_eq!(link.unwrap(), Path::new("model.safetensors"));
+    let err = write.unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+}
+
+#[test]
+fn mounting_an_unknown_digest_fails_clearly() {
+    if !can_mount() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    std::fs::create_dir(work.path().join("store")).unwrap();
+    std::fs::create_dir(work.path().join("mnt")).unwrap();
+    let unknown = format!("blake3:{}", "cd".repeat(32));
+    let out = Command::cargo_bin("sealed")
+        .unwrap()
+        .env(
+            "SEALED_STORE",
+            format!("file://{}", work.path().join("store").display()),
+        )
+        .args(["mount", &unknown])
+        .arg(work.path().join("mnt"))
+        .arg("--background")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains(&unknown) && err.contains("not found"), "{err}");
+    assert!(!is_mounted(&work.path().join("mnt")));
+}
