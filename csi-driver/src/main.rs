@@ -175,16 +175,28 @@ async fn main() -> anyhow::Result<()> {
         sealed_csi::DRIVER_NAME,
         env!("CARGO_PKG_VERSION")
     );
-    let shutdown = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        tracing::info!("shutting down");
-    };
-    sealed_csi::serve(driver, listener, shutdown).await?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = sealed_csi::serve(driver, listener, async {
+        let _ = stopped.await;
+    });
+    tokio::pin!(server);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot handle SIGTERM")?;
+    tokio::select! {
+        result = &mut server => result?,
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    // Stop taking requests; give the ones in flight a moment, but do not wait for clients
+    // that keep their connection open (kubelet does).
+    tracing::info!("shutting down");
+    let _ = stop.send(());
+    if tokio::time::timeout(Duration::from_secs(5), &mut server)
+        .await
+        .is_err()
+    {
+        tracing::info!("connections still open after 5 s; exiting");
+    }
     let _ = std::fs::remove_file(&socket);
     Ok(())
 }

@@ -62,7 +62,7 @@ async fn expect_error(
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_the_right_code_and_message() {
     let store: TestStore = store_with_version("bad_input_gets_the_right_code_and_message").await;
     let plugin = Plugin::start(&store.url, &[]);
@@ -181,7 +181,7 @@ async fn bad_input_gets_the_right_code_and_message() {
         .unwrap();
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_store_is_unavailable() {
     // Nothing listens on port 1: the store cannot be reached, at start or on publish.
     let plugin = Plugin::start(
@@ -205,7 +205,7 @@ async fn unreachable_store_is_unavailable() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn info_and_capabilities() {
     let store = store_with_version("info_and_capabilities").await;
     let plugin = Plugin::start(&store.url, &["--max-volumes=7"]);
@@ -248,7 +248,7 @@ fn assert_same_tree(mounted: &Path, source: &Path) {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publish_shares_one_fuse_mount_and_unpublish_removes_it() {
     if !can_mount() {
         println!("skipped: mounting needs root and /dev/fuse");
@@ -340,7 +340,7 @@ async fn publish_shares_one_fuse_mount_and_unpublish_removes_it() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_publishes_of_one_digest_share_one_fuse_mount() {
     if !can_mount() {
         println!("skipped: mounting needs root and /dev/fuse");
@@ -383,7 +383,7 @@ async fn concurrent_publishes_of_one_digest_share_one_fuse_mount() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_plugin_cleans_up_what_a_crashed_one_left() {
     if !can_mount() {
         println!("skipped: mounting needs root and /dev/fuse");
