@@ -106,3 +106,90 @@ impl From<CsiError> for Status {
         Status::new(code, message)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sealed_store::{Digest, Error as StoreError};
+
+    #[test]
+    fn codes() {
+        let digest = Digest::of(b"x");
+        let cases: Vec<(CsiError, Code)> = vec![
+            (CsiError::Missing("volume_id"), Code::InvalidArgument),
+            (
+                CsiError::Writable("readonly=false".into()),
+                Code::InvalidArgument,
+            ),
+            (
+                StoreError::MalformedDigest { input: "x".into() }.into(),
+                Code::InvalidArgument,
+            ),
+            (
+                StoreError::UnknownVersion {
+                    digest,
+                    store: "s".into(),
+                }
+                .into(),
+                Code::NotFound,
+            ),
+            (
+                CsiError::Mount(MountError::Store(StoreError::UnknownVersion {
+                    digest,
+                    store: "s".into(),
+                })),
+                Code::NotFound,
+            ),
+            (
+                StoreError::Timeout {
+                    store: "s".into(),
+                    what: "w".into(),
+                    seconds: 1,
+                }
+                .into(),
+                Code::Unavailable,
+            ),
+            (
+                CsiError::StoreUnreachable {
+                    store: "s".into(),
+                    reason: "r".into(),
+                },
+                Code::Unavailable,
+            ),
+            (
+                CsiError::Mount(MountError::BadManifest {
+                    digest,
+                    reason: "r".into(),
+                }),
+                Code::DataLoss,
+            ),
+            (
+                CsiError::Unimplemented("NodeStageVolume"),
+                Code::Unimplemented,
+            ),
+        ];
+        for (error, code) in cases {
+            let text = error.to_string();
+            let status = Status::from(error);
+            assert_eq!(status.code(), code, "{text}");
+            assert!(status.message().starts_with(&text), "{}", status.message());
+        }
+    }
+
+    #[test]
+    fn status_message_carries_the_cause() {
+        let e = CsiError::io(
+            "bind-mounting onto",
+            "/t",
+            std::io::Error::from_raw_os_error(libc::EPERM),
+        );
+        let status = Status::from(e);
+        assert_eq!(status.code(), Code::Internal);
+        assert!(status.message().contains("/t"), "{}", status.message());
+        assert!(
+            status.message().contains("not permitted"),
+            "{}",
+            status.message()
+        );
+    }
+}

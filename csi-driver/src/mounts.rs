@@ -43,12 +43,18 @@ pub fn bind_read_only(source: &Path, target: &Path) -> Result<(), CsiError> {
 }
 
 /// Unmounts whatever is mounted at `target` and removes the directory. Nothing mounted, or
-/// no directory at all, is a success.
-pub fn unmount_target(target: &Path) -> Result<(), CsiError> {
+/// no directory at all, is a success. A target this plugin did not publish (`ours` false) that
+/// is a plain directory with files in it is left alone, with a warning, rather than failing
+/// kubelet's unpublish forever.
+pub fn unmount_target(target: &Path, ours: bool) -> Result<(), CsiError> {
     unmount_all(target)?;
     match std::fs::remove_dir(target) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) if !ours => {
+            tracing::warn!(target = %target.display(), error = %e, "left an unknown target in place");
+            Ok(())
+        }
         Err(e) => Err(CsiError::io("removing target", target, e)),
     }
 }

@@ -210,7 +210,7 @@ impl Driver {
             // Unknown here (already unpublished, or left by an earlier run): make sure
             // nothing stays mounted there and the directory is gone.
             let path = target.to_path_buf();
-            tokio::task::spawn_blocking(move || mounts::unmount_target(&path))
+            tokio::task::spawn_blocking(move || mounts::unmount_target(&path, false))
                 .await
                 .map_err(|e| CsiError::io("unmounting", target, std::io::Error::other(e)))??;
             tracing::debug!(target = %target.display(), "not published; nothing to do");
@@ -224,7 +224,7 @@ impl Driver {
         }
         let digest = publication.digest;
         let path = target.to_path_buf();
-        tokio::task::spawn_blocking(move || mounts::unmount_target(&path))
+        tokio::task::spawn_blocking(move || mounts::unmount_target(&path, true))
             .await
             .map_err(|e| CsiError::io("unmounting", target, std::io::Error::other(e)))??;
         mounts.targets.remove(target);

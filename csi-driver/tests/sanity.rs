@@ -72,6 +72,16 @@ async fn csi_sanity_passes() {
             println!("{line}");
         }
     }
+    // Catch a run that passes only because everything was skipped.
+    let passed: u32 = stdout
+        .lines()
+        .filter(|l| l.contains(" Passed |"))
+        .find_map(|l| l.split(" Passed").next()?.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        passed >= 13,
+        "expected at least 13 passed specs (see docs/csi.md), got {passed}:\n{stdout}"
+    );
     assert!(
         output.status.success(),
         "csi-sanity failed ({}):\n{stdout}\n{stderr}\nplugin log:\n{}",
