@@ -98,14 +98,7 @@ fn init_logging(verbose: u8) {
         _ => "debug",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("SEALED_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default))
-        // Workaround: DiskCache::open's "disk cache ready" info event takes the index lock
-        // twice in one statement (mount/src/cache/disk.rs) and deadlocks when it is enabled.
-        .add_directive(
-            "sealed_mount::cache::disk=warn"
-                .parse()
-                .expect("static directive"),
-        );
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

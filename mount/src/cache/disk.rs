@@ -97,13 +97,12 @@ impl DiskCache {
             }
         }
         cache.publish();
-        tracing::info!(
-            dir = %dir.display(),
-            chunks = cache.index.lock().len(),
-            bytes = cache.bytes(),
-            capacity,
-            "disk cache ready"
-        );
+        // One lock for both numbers: the index lock is not re-entrant.
+        let (chunks, bytes) = {
+            let index = cache.index.lock();
+            (index.len(), index.bytes())
+        };
+        tracing::info!(dir = %dir.display(), chunks, bytes, capacity, "disk cache ready");
         Ok(cache)
     }
 
@@ -234,6 +233,36 @@ mod tests {
             }
         }
         total
+    }
+
+    /// Opening with info logs on must not deadlock (the "ready" event once locked the index
+    /// twice). Runs the open on a thread so a regression fails in seconds instead of hanging.
+    #[test]
+    fn open_with_info_logging_does_not_deadlock() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let subscriber = tracing_subscriber::fmt()
+                .with_max_level(tracing::Level::INFO)
+                .with_test_writer()
+                .finish();
+            tracing::subscriber::with_default(subscriber, || {
+                let metrics = Arc::new(MountMetrics::default());
+                let cache = DiskCache::open(&path, 1000, metrics).unwrap();
+                let (d, data) = chunk(1, 10);
+                cache.put(&d, &data);
+                drop(cache);
+                let reopened = DiskCache::open(&path, 1000, Arc::new(MountMetrics::default()));
+                let _ = tx.send(reopened.is_ok());
+            });
+        });
+        let opened = rx.recv_timeout(std::time::Duration::from_secs(20));
+        assert_eq!(
+            opened,
+            Ok(true),
+            "DiskCache::open hung or failed with info logging on"
+        );
     }
 
     #[test]
