@@ -27,6 +27,19 @@ pub enum CsiError {
     },
     #[error("{0} is not implemented: sealed volumes need no staging, expansion or controller")]
     Unimplemented(&'static str),
+    #[error("{0}")]
+    PermissionDenied(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// A call to the API server failed (not a refusal of the request itself).
+    #[error("{what}: {source}")]
+    Kube {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error("store {store} is not reachable: {reason}")]
     StoreUnreachable { store: String, reason: String },
     #[error(transparent)]
@@ -51,12 +64,22 @@ impl CsiError {
         }
     }
 
+    pub fn kube(what: impl Into<String>, source: kube::Error) -> Self {
+        CsiError::Kube {
+            what: what.into(),
+            source,
+        }
+    }
+
     pub fn code(&self) -> Code {
         match self {
             CsiError::Missing(_) | CsiError::InvalidArgument(_) | CsiError::Writable(_) => {
                 Code::InvalidArgument
             }
-            CsiError::NotPublished { .. } => Code::NotFound,
+            CsiError::NotPublished { .. } | CsiError::NotFound(_) => Code::NotFound,
+            CsiError::PermissionDenied(_) => Code::PermissionDenied,
+            CsiError::FailedPrecondition(_) => Code::FailedPrecondition,
+            CsiError::Kube { source, .. } => kube_code(source),
             CsiError::TargetInUse { .. } => Code::AlreadyExists,
             CsiError::Unimplemented(_) => Code::Unimplemented,
             CsiError::StoreUnreachable { .. } => Code::Unavailable,
@@ -65,6 +88,16 @@ impl CsiError {
             CsiError::Mount(MountError::BadManifest { .. }) => Code::DataLoss,
             CsiError::Mount(_) | CsiError::Io { .. } => Code::Internal,
         }
+    }
+}
+
+/// An API server that is down or overloaded is retried by kubelet (`Unavailable`); a refusal
+/// of the plugin's own call (RBAC, a missing CRD) is a deployment problem (`Internal`).
+fn kube_code(e: &kube::Error) -> Code {
+    match e {
+        kube::Error::Api(status) if status.code == 429 || status.code >= 500 => Code::Unavailable,
+        kube::Error::Api(_) => Code::Internal,
+        _ => Code::Unavailable,
     }
 }
 

@@ -5,7 +5,9 @@
 //! and errors mapped to gRPC status codes in one place ([`error`]).
 
 pub mod error;
+pub mod gpu;
 pub mod identity;
+pub mod kube_access;
 pub mod mounts;
 pub mod node;
 pub mod state;
@@ -19,6 +21,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 
 pub use error::CsiError;
 pub use identity::{DRIVER_NAME, IdentityService};
+pub use kube_access::KubeAccess;
 pub use node::NodeService;
 pub use state::{Driver, DriverConfig};
 
@@ -57,15 +60,19 @@ pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))
 }
 
-/// Serves Identity and Node on `listener` until `shutdown` completes.
+/// Serves Identity and Node on `listener` until `shutdown` completes; `kube` is `None` in
+/// standalone mode.
 pub async fn serve(
     driver: Arc<Driver>,
+    kube: Option<Arc<KubeAccess>>,
     listener: UnixListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
     tonic::transport::Server::builder()
         .add_service(csi::identity_server::IdentityServer::new(IdentityService))
-        .add_service(csi::node_server::NodeServer::new(NodeService::new(driver)))
+        .add_service(csi::node_server::NodeServer::new(NodeService::new(
+            driver, kube,
+        )))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
         .await
         .context("gRPC server failed")

@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
-use sealed_csi::{Driver, DriverConfig};
+use std::sync::Arc;
+
+use sealed_csi::gpu::GpuExclusion;
+use sealed_csi::{Driver, DriverConfig, KubeAccess};
 use sealed_mount::{FetchPolicy, MountOptions, NodeCache, NodeCacheOptions};
 use sealed_store::StoreOptions;
 
@@ -64,6 +67,10 @@ struct Args {
     /// runs and local testing only)
     #[arg(long)]
     standalone: bool,
+    /// Comma-separated `nvidia.com/gpu.product` values this plugin refuses to publish on
+    /// (exact, case-insensitive, a `-SHARED` suffix ignored; empty: none)
+    #[arg(long, env = "SEALED_EXCLUDED_GPU_PRODUCTS", default_value = sealed_csi::gpu::DEFAULT_EXCLUDED)]
+    excluded_gpu_products: String,
     /// Log more (-v info, -vv debug); SEALED_LOG overrides
     #[arg(long, short = 'v', action = clap::ArgAction::Count)]
     verbose: u8,
@@ -92,6 +99,21 @@ fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("'{text}' is too large"))
 }
 
+/// The API-server client; reads this node's labels once so bad credentials, missing RBAC or
+/// a wrong --node-id fail the start instead of every publish.
+async fn connect_kube(args: &Args) -> anyhow::Result<KubeAccess> {
+    let excluded = GpuExclusion::parse(&args.excluded_gpu_products);
+    let kube = KubeAccess::connect(args.node_id.clone(), excluded).await?;
+    match kube.check_node().await {
+        Ok(()) => tracing::info!(node = %args.node_id, "API server reachable; node not excluded"),
+        Err(e @ sealed_csi::CsiError::FailedPrecondition(_)) => {
+            tracing::warn!("every publish on this node will be refused: {e}")
+        }
+        Err(e) => return Err(e).context("API-server mode (use --standalone to run without it)"),
+    }
+    Ok(kube)
+}
+
 fn init_logging(verbose: u8) {
     let default = match verbose {
         0 => "info",
@@ -109,17 +131,16 @@ fn init_logging(verbose: u8) {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     init_logging(args.verbose);
-    if !args.standalone {
-        anyhow::bail!(
-            "the API-server mode (authorization, node-label checks) is not built yet; \
-             run with --standalone to serve without them"
+    let kube = if args.standalone {
+        tracing::warn!(
+            "STANDALONE MODE: no API server; every digest is mounted for any caller, with NO \
+             authorization and NO node-label (GPU exclusion) checks. For conformance runs and \
+             local testing only."
         );
-    }
-    tracing::warn!(
-        "STANDALONE MODE: no API server; every digest is mounted for any caller, with NO \
-         authorization and NO node-label (GPU exclusion) checks. For conformance runs and \
-         local testing only."
-    );
+        None
+    } else {
+        Some(Arc::new(connect_kube(&args).await?))
+    };
     let socket = sealed_csi::socket_path(&args.endpoint)?;
     let timeout = Duration::from_secs(args.store_timeout.max(1));
     let config = DriverConfig {
@@ -169,7 +190,7 @@ async fn main() -> anyhow::Result<()> {
         env!("CARGO_PKG_VERSION")
     );
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = sealed_csi::serve(driver, listener, async {
+    let server = sealed_csi::serve(driver, kube, listener, async {
         let _ = stopped.await;
     });
     tokio::pin!(server);

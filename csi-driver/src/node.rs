@@ -21,20 +21,85 @@ use crate::csi::{
     NodeUnstageVolumeRequest, NodeUnstageVolumeResponse, VolumeCapability, VolumeUsage,
 };
 use crate::error::CsiError;
+use crate::kube_access::{KubeAccess, PodInfo};
 use crate::state::{Driver, Publish};
 
 /// The volume attribute that names the version to mount.
 pub const DIGEST_ATTRIBUTE: &str = "digest";
+/// With [`TAG_ATTRIBUTE`], names a version by a tag of a SealedVolume in the pod's namespace.
+pub const VOLUME_ATTRIBUTE: &str = "volume";
+pub const TAG_ATTRIBUTE: &str = "tag";
 /// Set by kubelet on ephemeral inline volumes.
 pub const EPHEMERAL_ATTRIBUTE: &str = "csi.storage.k8s.io/ephemeral";
 
 pub struct NodeService {
     driver: Arc<Driver>,
+    /// `None` in standalone mode: no authorization, tags or node checks.
+    kube: Option<Arc<KubeAccess>>,
 }
 
 impl NodeService {
-    pub fn new(driver: Arc<Driver>) -> Self {
-        NodeService { driver }
+    pub fn new(driver: Arc<Driver>, kube: Option<Arc<KubeAccess>>) -> Self {
+        NodeService { driver, kube }
+    }
+
+    /// Resolves and authorizes the version (API-server mode), then publishes it.
+    async fn publish(&self, req: &NodePublishVolumeRequest) -> Result<(), CsiError> {
+        let checked = check_publish(req)?;
+        let Some(kube) = &self.kube else {
+            let VersionRef::Digest(digest) = checked.version else {
+                return Err(CsiError::InvalidArgument(
+                    "volume attributes name a volume/tag, which needs the API server; this \
+                     plugin runs --standalone: set volumeAttributes.digest to blake3:<64 hex>"
+                        .into(),
+                ));
+            };
+            return self
+                .mount(checked.volume_id, digest, checked.target, req)
+                .await;
+        };
+        let pod = PodInfo::from_context(&req.volume_context)?;
+        kube.check_node().await?;
+        let digest = match &checked.version {
+            VersionRef::Digest(d) => *d,
+            VersionRef::Tag { volume, tag } => {
+                kube.resolve_tag(&pod.namespace, volume, tag).await?
+            }
+        };
+        kube.authorize(&pod.namespace, &digest).await?;
+        self.mount(checked.volume_id, digest, checked.target, req)
+            .await?;
+        if let VersionRef::Tag { volume, tag } = &checked.version {
+            kube.record_tag_resolved(&pod, volume, tag, &digest).await;
+        }
+        Ok(())
+    }
+
+    async fn mount(
+        &self,
+        volume_id: String,
+        digest: Digest,
+        target: PathBuf,
+        req: &NodePublishVolumeRequest,
+    ) -> Result<(), CsiError> {
+        let ephemeral = req
+            .volume_context
+            .get(EPHEMERAL_ATTRIBUTE)
+            .is_some_and(|v| v == "true");
+        tracing::info!(
+            volume_id = %volume_id,
+            digest = %digest,
+            target = %target.display(),
+            ephemeral,
+            "NodePublishVolume"
+        );
+        self.driver
+            .publish(Publish {
+                volume_id,
+                digest,
+                target,
+            })
+            .await
     }
 }
 
@@ -88,31 +153,58 @@ pub fn check_capability(cap: Option<&VolumeCapability>, readonly: bool) -> Resul
     Ok(())
 }
 
-/// The digest of the version to mount, from the volume attributes (inline ephemeral volumes
-/// and static persistent volumes carry it the same way).
-pub fn digest_from_context(context: &HashMap<String, String>) -> Result<Digest, CsiError> {
-    let Some(text) = context.get(DIGEST_ATTRIBUTE) else {
-        if context.contains_key("tag") || context.contains_key("volume") {
-            return Err(CsiError::InvalidArgument(
-                "volume attributes name a volume/tag, which this plugin cannot resolve yet; \
-                 set volumeAttributes.digest to blake3:<64 hex>"
-                    .into(),
-            ));
-        }
-        return Err(CsiError::InvalidArgument(
-            "volume attribute 'digest' is required (volumeAttributes: {digest: blake3:<64 hex>})"
-                .into(),
-        ));
-    };
-    Digest::parse(text.trim())
-        .map_err(|e| CsiError::InvalidArgument(format!("volume attribute 'digest': {e}")))
+/// Which version a publish names: a digest, or a tag of a SealedVolume resolved at publish time.
+#[derive(Clone, Debug, PartialEq)]
+pub enum VersionRef {
+    Digest(Digest),
+    Tag { volume: String, tag: String },
 }
 
-fn publish_request(req: &NodePublishVolumeRequest) -> Result<Publish, CsiError> {
+/// The version to mount, from the volume attributes (inline ephemeral volumes and static
+/// persistent volumes carry them the same way): `digest`, or `volume` + `tag`.
+pub fn version_from_context(context: &HashMap<String, String>) -> Result<VersionRef, CsiError> {
+    let get = |k: &str| context.get(k).map(|v| v.trim()).filter(|v| !v.is_empty());
+    match (
+        get(DIGEST_ATTRIBUTE),
+        get(VOLUME_ATTRIBUTE),
+        get(TAG_ATTRIBUTE),
+    ) {
+        (Some(_), Some(_), _) | (Some(_), _, Some(_)) => Err(CsiError::InvalidArgument(
+            "volume attributes name both a digest and a volume/tag: set either digest, or \
+             volume + tag"
+                .into(),
+        )),
+        (Some(text), None, None) => Digest::parse(text)
+            .map(VersionRef::Digest)
+            .map_err(|e| CsiError::InvalidArgument(format!("volume attribute 'digest': {e}"))),
+        (None, Some(volume), Some(tag)) => Ok(VersionRef::Tag {
+            volume: volume.into(),
+            tag: tag.into(),
+        }),
+        (None, Some(_), None) | (None, None, Some(_)) => Err(CsiError::InvalidArgument(
+            "volume attributes 'volume' and 'tag' go together: name the SealedVolume and its tag"
+                .into(),
+        )),
+        (None, None, None) => Err(CsiError::InvalidArgument(
+            "volume attribute 'digest' is required (volumeAttributes: {digest: blake3:<64 hex>}, \
+             or volume + tag)"
+                .into(),
+        )),
+    }
+}
+
+/// A checked publish request whose version is not resolved yet.
+struct CheckedPublish {
+    volume_id: String,
+    target: PathBuf,
+    version: VersionRef,
+}
+
+fn check_publish(req: &NodePublishVolumeRequest) -> Result<CheckedPublish, CsiError> {
     let volume_id = required(&req.volume_id, "volume_id")?;
     let target = required(&req.target_path, "target_path")?;
     check_capability(req.volume_capability.as_ref(), req.readonly)?;
-    let digest = digest_from_context(&req.volume_context)?;
+    let version = version_from_context(&req.volume_context)?;
     let target = PathBuf::from(target);
     if !target.is_absolute() {
         return Err(CsiError::InvalidArgument(format!(
@@ -120,10 +212,10 @@ fn publish_request(req: &NodePublishVolumeRequest) -> Result<Publish, CsiError> 
             target.display()
         )));
     }
-    Ok(Publish {
+    Ok(CheckedPublish {
         volume_id: volume_id.into(),
-        digest,
         target,
+        version,
     })
 }
 
@@ -156,19 +248,7 @@ impl Node for NodeService {
         request: Request<NodePublishVolumeRequest>,
     ) -> Result<Response<NodePublishVolumeResponse>, Status> {
         let req = request.into_inner();
-        let publish = publish_request(&req)?;
-        let ephemeral = req
-            .volume_context
-            .get(EPHEMERAL_ATTRIBUTE)
-            .is_some_and(|v| v == "true");
-        tracing::info!(
-            volume_id = %publish.volume_id,
-            digest = %publish.digest,
-            target = %publish.target.display(),
-            ephemeral,
-            "NodePublishVolume"
-        );
-        self.driver.publish(publish).await?;
+        self.publish(&req).await?;
         Ok(Response::new(NodePublishVolumeResponse {}))
     }
 
@@ -288,17 +368,35 @@ mod tests {
     fn digest_attribute() {
         let mut ctx = HashMap::new();
         assert!(
-            digest_from_context(&ctx)
+            version_from_context(&ctx)
                 .unwrap_err()
                 .to_string()
                 .contains("'digest' is required")
         );
         ctx.insert("digest".into(), "blake3:xyz".into());
-        let e = digest_from_context(&ctx).unwrap_err();
+        let e = version_from_context(&ctx).unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
         assert!(e.to_string().contains("malformed digest"), "{e}");
         let d = Digest::of(b"x");
         ctx.insert("digest".into(), d.to_string());
-        assert_eq!(digest_from_context(&ctx).unwrap(), d);
+        assert_eq!(version_from_context(&ctx).unwrap(), VersionRef::Digest(d));
+        ctx.insert("tag".into(), "prod".into());
+        let e = version_from_context(&ctx).unwrap_err();
+        assert!(e.to_string().contains("either digest"), "{e}");
+    }
+
+    #[test]
+    fn volume_and_tag_attributes() {
+        let mut ctx = HashMap::from([("volume".to_string(), "llama".to_string())]);
+        let e = version_from_context(&ctx).unwrap_err();
+        assert!(e.to_string().contains("go together"), "{e}");
+        ctx.insert("tag".into(), "prod".into());
+        assert_eq!(
+            version_from_context(&ctx).unwrap(),
+            VersionRef::Tag {
+                volume: "llama".into(),
+                tag: "prod".into()
+            }
+        );
     }
 }

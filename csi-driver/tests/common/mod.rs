@@ -75,6 +75,26 @@ impl Plugin {
 
     /// Starts the plugin with `dir` as its home (socket, state, cache): a restart reuses it.
     pub fn start_in(dir: TempDir, store_url: &str, extra: &[&str]) -> Plugin {
+        let mut args = vec!["--standalone", "--node-id=test-node"];
+        args.extend_from_slice(extra);
+        Plugin::launch(dir, store_url, &args, &[])
+    }
+
+    /// API-server mode: `node_id` names a Node of the cluster `kubeconfig` points at.
+    pub fn start_api(store_url: &str, node_id: &str, kubeconfig: &Path, extra: &[&str]) -> Plugin {
+        let node = format!("--node-id={node_id}");
+        let mut args = vec![node.as_str()];
+        args.extend_from_slice(extra);
+        let kubeconfig = kubeconfig.display().to_string();
+        Plugin::launch(
+            tempfile::tempdir().unwrap(),
+            store_url,
+            &args,
+            &[("KUBECONFIG", kubeconfig.as_str())],
+        )
+    }
+
+    fn launch(dir: TempDir, store_url: &str, extra: &[&str], envs: &[(&str, &str)]) -> Plugin {
         let socket = dir.path().join("csi.sock");
         // A crashed run leaves its socket behind; wait for the new one.
         let _ = std::fs::remove_file(&socket);
@@ -84,9 +104,7 @@ impl Plugin {
             .open(dir.path().join("plugin.log"))
             .unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_sealed-csi"))
-            .arg("--standalone")
             .arg(format!("--endpoint=unix://{}", socket.display()))
-            .arg("--node-id=test-node")
             .arg(format!("--store={store_url}"))
             .arg(format!(
                 "--state-dir={}",
@@ -102,13 +120,20 @@ impl Plugin {
             .env("AWS_ACCESS_KEY_ID", "test")
             .env("AWS_SECRET_ACCESS_KEY", "test")
             .env("SEALED_LOG", "debug")
+            .envs(envs.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .expect("start sealed-csi");
-        let plugin = Plugin { child, dir, socket };
+        let mut plugin = Plugin { child, dir, socket };
         let started = Instant::now();
         while !plugin.socket.exists() {
+            if let Ok(Some(status)) = plugin.child.try_wait() {
+                panic!(
+                    "sealed-csi exited ({status}) before serving; log:\n{}",
+                    plugin.log()
+                );
+            }
             assert!(
                 started.elapsed() < Duration::from_secs(30),
                 "sealed-csi did not create its socket; log:\n{}",
