@@ -10,6 +10,7 @@ pub mod identity;
 pub mod kube_access;
 pub mod mounts;
 pub mod node;
+pub mod registration;
 pub mod state;
 
 use std::path::{Path, PathBuf};
@@ -58,6 +59,30 @@ pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
         Err(e) => return Err(e).with_context(|| format!("cannot remove {}", path.display())),
     }
     UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))
+}
+
+/// Generated from kubelet's plugin registration API, `proto/pluginregistration.proto`.
+#[allow(clippy::all, clippy::pedantic, missing_docs, rustdoc::all)]
+pub mod pluginregistration {
+    tonic::include_proto!("pluginregistration");
+}
+
+/// Serves kubelet's plugin registration on `listener` until `shutdown` completes;
+/// `endpoint` is the CSI socket path kubelet should dial.
+pub async fn serve_registration(
+    listener: UnixListener,
+    endpoint: String,
+    shutdown: impl Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
+    tonic::transport::Server::builder()
+        .add_service(
+            pluginregistration::registration_server::RegistrationServer::new(
+                registration::RegistrationService::new(endpoint),
+            ),
+        )
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .await
+        .context("registration gRPC server failed")
 }
 
 /// Serves Identity and Node on `listener` until `shutdown` completes; `kube` is `None` in

@@ -1,6 +1,6 @@
 //! `sealed-csi`: the CSI node plugin binary. Wiring only; the work is in the library.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -71,6 +71,14 @@ struct Args {
     /// (exact, case-insensitive, a `-SHARED` suffix ignored; empty: none)
     #[arg(long, env = "SEALED_EXCLUDED_GPU_PRODUCTS", default_value = sealed_csi::gpu::DEFAULT_EXCLUDED)]
     excluded_gpu_products: String,
+    /// kubelet's root directory: when set, the plugin registers itself with kubelet through
+    /// <kubelet-dir>/plugins_registry (no node-driver-registrar needed)
+    #[arg(long, env = "KUBELET_DIR")]
+    kubelet_dir: Option<PathBuf>,
+    /// The CSI socket path as kubelet sees it (default: the --endpoint path), when the
+    /// plugin's container mounts it elsewhere
+    #[arg(long)]
+    kubelet_registration_path: Option<PathBuf>,
     /// Log more (-v info, -vv debug); SEALED_LOG overrides
     #[arg(long, short = 'v', action = clap::ArgAction::Count)]
     verbose: u8,
@@ -189,6 +197,7 @@ async fn main() -> anyhow::Result<()> {
         sealed_csi::DRIVER_NAME,
         env!("CARGO_PKG_VERSION")
     );
+    let registration = start_registration(&args, &socket)?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = sealed_csi::serve(driver, kube, listener, async {
         let _ = stopped.await;
@@ -211,6 +220,47 @@ async fn main() -> anyhow::Result<()> {
     {
         tracing::info!("connections still open after 5 s; exiting");
     }
+    if let Some((stop, task, path)) = registration {
+        let _ = stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(1), task).await;
+        // kubelet deregisters the plugin when the socket goes.
+        let _ = std::fs::remove_file(&path);
+    }
     let _ = std::fs::remove_file(&socket);
     Ok(())
+}
+
+type Registration = (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+    PathBuf,
+);
+
+/// Serves kubelet plugin registration in the background when --kubelet-dir is set.
+fn start_registration(args: &Args, socket: &Path) -> anyhow::Result<Option<Registration>> {
+    let Some(kubelet_dir) = &args.kubelet_dir else {
+        tracing::info!(
+            "no --kubelet-dir: not registering with kubelet (node-driver-registrar must)"
+        );
+        return Ok(None);
+    };
+    let path = sealed_csi::registration::registration_socket(kubelet_dir);
+    let listener = sealed_csi::bind(&path)?;
+    let endpoint = args
+        .kubelet_registration_path
+        .as_deref()
+        .unwrap_or(socket)
+        .display()
+        .to_string();
+    tracing::info!(socket = %path.display(), %endpoint, "serving kubelet plugin registration");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let shutdown = async {
+            let _ = stopped.await;
+        };
+        if let Err(e) = sealed_csi::serve_registration(listener, endpoint, shutdown).await {
+            tracing::error!(error = %format!("{e:#}"), "kubelet registration stopped");
+        }
+    });
+    Ok(Some((stop, task, path)))
 }
