@@ -3,6 +3,10 @@
 //! SealedVolumeVersion in the pod's namespace (or a shared volume), resolves `volume` + `tag`
 //! and records an Event on the pod, and refuses to publish on a node with an excluded GPU.
 //!
+//! A second test (ignored: it fails, see docs/csi.md, Known issues) registers the plugin with
+//! the cluster's real kubelet through `plugins_registry` and waits for the driver to show up in
+//! the node's CSINode (and to go again when the plugin stops).
+//!
 //! Skipped (with a notice) unless `SEALED_E2E_CLUSTER=1`. Successful publishes mount through
 //! FUSE, so they need root and /dev/fuse.
 
@@ -15,6 +19,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use common::{Plugin, can_mount, store_with_version};
 use k8s_openapi::api::core::v1::{Event, Node};
+use k8s_openapi::api::storage::v1::CSINode;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
@@ -359,4 +364,80 @@ async fn checks(
     )
     .await?;
     Ok(())
+}
+
+/// The driver's entry in the CSINode of `node`: its nodeID, if registered.
+async fn csinode_driver(client: &Client, node: &str) -> Result<Option<String>> {
+    let Some(csinode) = Api::<CSINode>::all(client.clone()).get_opt(node).await? else {
+        return Ok(None);
+    };
+    Ok(csinode
+        .spec
+        .drivers
+        .iter()
+        .find(|d| d.name == sealed_csi::DRIVER_NAME)
+        .map(|d| d.node_id.clone()))
+}
+
+async fn wait_for_driver(client: &Client, node: &str, registered: bool) -> Result<()> {
+    for _ in 0..150 {
+        if csinode_driver(client, node).await?.is_some() == registered {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    bail!("CSINode {node}: driver registered should be {registered} within 30 s")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "fails: kubelet 1.34's plugin watcher sends :authority = the %-encoded socket path, \
+            which h2 rejects (docs/csi.md, Known issues); run with --ignored"]
+async fn registers_with_the_real_kubelet() -> Result<()> {
+    let Some(cluster) = sealed_e2e::cluster("registers_with_the_real_kubelet").await else {
+        return Ok(());
+    };
+    let client = cluster.client.clone();
+    // The cluster's one real node (other tests create kubelet-less Nodes named sealed-csi-test-*).
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await?;
+    let node = nodes
+        .items
+        .iter()
+        .filter_map(|n| n.metadata.name.clone())
+        .find(|n| !n.starts_with("sealed-csi-test-"))
+        .context("the cluster has no node")?;
+    if csinode_driver(&client, &node).await?.is_some() {
+        bail!(
+            "{} is already registered on {node}; not touching it",
+            sealed_csi::DRIVER_NAME
+        );
+    }
+    let kubelet_dir =
+        std::env::var("SEALED_KUBELET_DIR").unwrap_or_else(|_| "/var/lib/kubelet".into());
+    let store = store_with_version("registers_with_the_real_kubelet").await;
+    let plugin = Plugin::start_api(
+        &store.url,
+        &node,
+        &cluster.kubeconfig,
+        &[&format!("--kubelet-dir={kubelet_dir}")],
+    );
+    let registered = wait_for_driver(&client, &node, true).await;
+    let node_id = csinode_driver(&client, &node).await;
+    if registered.is_err() {
+        eprintln!("plugin log:\n{}", plugin.log());
+    }
+    let log = plugin.log();
+    drop(plugin);
+    let deregistered = wait_for_driver(&client, &node, false).await;
+    registered?;
+    ensure!(
+        node_id?.as_deref() == Some(node.as_str()),
+        "CSINode {node} lists another nodeID for the driver"
+    );
+    ensure!(
+        log.contains("registered with kubelet"),
+        "plugin log:\n{log}"
+    );
+    deregistered
 }
