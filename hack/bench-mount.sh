@@ -29,6 +29,8 @@ PIDS=()
 cleanup() {
   for m in "${MOUNTS[@]}"; do umount -l "$m" 2>/dev/null || true; done
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  # Gigabytes of test data: keep them only when asked (BENCH_KEEP=1).
+  [[ ${BENCH_KEEP:-0} == 1 ]] || rm -rf --one-file-system "$W"
 }
 trap cleanup EXIT
 
