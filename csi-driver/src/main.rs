@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use sealed_csi::gpu::GpuExclusion;
 use sealed_csi::{Driver, DriverConfig, KubeAccess};
-use sealed_mount::{FetchPolicy, MountOptions, NodeCache, NodeCacheOptions};
+use sealed_mount::{FetchPolicy, MountOptions, NodeCache, NodeCacheOptions, parse_size};
 use sealed_store::StoreOptions;
 
 #[derive(Parser, Debug)]
@@ -82,29 +82,6 @@ struct Args {
     /// Log more (-v info, -vv debug); SEALED_LOG overrides
     #[arg(long, short = 'v', action = clap::ArgAction::Count)]
     verbose: u8,
-}
-
-/// `10G`, `512M`, `4096`: K, M, G, T are powers of 1024; a trailing `B`/`iB` is fine.
-fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let t = t
-        .strip_suffix("iB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(t);
-    let (number, shift) = match t.chars().last() {
-        Some('K' | 'k') => (&t[..t.len() - 1], 10),
-        Some('M' | 'm') => (&t[..t.len() - 1], 20),
-        Some('G' | 'g') => (&t[..t.len() - 1], 30),
-        Some('T' | 't') => (&t[..t.len() - 1], 40),
-        _ => (t, 0),
-    };
-    let value: u64 = number
-        .trim()
-        .parse()
-        .map_err(|_| format!("'{text}' is not a size (try 10G, 512M or a number of bytes)"))?;
-    value
-        .checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("'{text}' is too large"))
 }
 
 /// The API-server client; reads this node's labels once so bad credentials, missing RBAC or

@@ -22,6 +22,7 @@ mod lru;
 pub mod metrics;
 pub mod prefetch;
 pub mod session;
+pub mod size;
 pub mod tree;
 pub mod warm;
 
@@ -32,5 +33,6 @@ pub use fs::{SealedFs, StatFs};
 pub use metrics::{MetricsSnapshot, MountMetrics};
 pub use prefetch::ReadaheadPolicy;
 pub use session::{MountHandle, MountOptions, unmount};
+pub use size::parse_size;
 pub use tree::{Attr, DirEntry, NodeType, Tree};
 pub use warm::PrefetchSelection;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args;
+use sealed_mount::parse_size;
 use sealed_mount::{
     FetchPolicy, MountHandle, MountOptions, NodeCache, NodeCacheOptions, PrefetchSelection,
     ReadaheadPolicy,
@@ -68,30 +69,6 @@ pub struct UmountArgs {
     /// Detach now even if files are still open (they keep working until closed)
     #[arg(long, short = 'l')]
     pub lazy: bool,
-}
-
-/// `10G`, `512M`, `4096`, `1.5G`: K, M, G, T are powers of 1024; a trailing `B`/`iB` is fine.
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let t = t
-        .strip_suffix("iB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(t);
-    let (number, shift) = match t.chars().last() {
-        Some('K' | 'k') => (&t[..t.len() - 1], 10),
-        Some('M' | 'm') => (&t[..t.len() - 1], 20),
-        Some('G' | 'g') => (&t[..t.len() - 1], 30),
-        Some('T' | 't') => (&t[..t.len() - 1], 40),
-        _ => (t, 0),
-    };
-    let value: f64 = number
-        .trim()
-        .parse()
-        .map_err(|_| format!("'{text}' is not a size (try 10G, 512M or a number of bytes)"))?;
-    if !(value.is_finite() && value >= 0.0) {
-        return Err(format!("'{text}' is not a size"));
-    }
-    Ok((value * (1u64 << shift) as f64) as u64)
 }
 
 fn default_cache_dir() -> PathBuf {
@@ -295,19 +272,4 @@ pub async fn run_umount(_ctx: &Context, args: UmountArgs) -> anyhow::Result<Exit
     // Let the serving process notice and exit before we return.
     tokio::time::sleep(Duration::from_millis(50)).await;
     Ok(ExitCode::SUCCESS)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_size;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("10G"), Ok(10 << 30));
-        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
-        assert_eq!(parse_size("1.5k"), Ok(1536));
-        assert!(parse_size("lots").is_err());
-        assert!(parse_size("-1G").is_err());
-    }
 }
