@@ -9,9 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::runtime::wait::{await_condition, conditions};
 use kube::{Api, Client, Resource};
 use sealed_crds::{
     HuggingFaceSource, ObjectStoreSource, Retention, SealedVolume, SealedVolumeSpec,
@@ -21,50 +19,6 @@ use sealed_crds::{
 const D1: &str = "blake3:8f3a5b0c1d2e3f405162738495a6b7c8d9eaf00112233445566778899aabbccd";
 const D2: &str = "blake3:1c2d000000000000000000000000000000000000000000000000000000000002";
 const MANAGER: &str = "sealed-crds-test";
-
-/// Server-side applies every CRD and waits until each is established.
-async fn install_crds(client: &Client) -> Result<()> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in sealed_crds::crds() {
-        let name = crd.metadata.name.clone().context("CRD without a name")?;
-        crds.patch(
-            &name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .with_context(|| format!("the API server refused CRD {name}"))?;
-        let established = await_condition(crds.clone(), &name, conditions::is_crd_established());
-        tokio::time::timeout(Duration::from_secs(30), established)
-            .await
-            .with_context(|| format!("CRD {name} not established within 30 s"))??;
-    }
-    // Discovery can lag the Established condition by a moment; wait until a list works.
-    for kind in ["sealedvolumes", "sealedvolumeversions"] {
-        let mut tries = 0;
-        loop {
-            let ok = match kind {
-                "sealedvolumes" => Api::<SealedVolume>::all(client.clone())
-                    .list(&Default::default())
-                    .await
-                    .is_ok(),
-                _ => Api::<SealedVolumeVersion>::all(client.clone())
-                    .list(&Default::default())
-                    .await
-                    .is_ok(),
-            };
-            if ok {
-                break;
-            }
-            tries += 1;
-            if tries > 50 {
-                bail!("{kind} not served 10 s after its CRD was established");
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-    Ok(())
-}
 
 fn hf_volume(name: &str) -> SealedVolume {
     SealedVolume::new(
@@ -138,7 +92,7 @@ async fn crds_install_accept_valid_and_reject_invalid_objects() -> Result<()> {
         return Ok(());
     };
     let client = cluster.client.clone();
-    install_crds(&client).await?;
+    sealed_e2e::install_crds(&client, MANAGER).await?;
     let ns = cluster.temp_namespace("crds").await?;
     let mut result = run(&client, &ns).await;
     if result.is_ok() {

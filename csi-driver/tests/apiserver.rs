@@ -20,9 +20,7 @@ use anyhow::{Context, Result, bail, ensure};
 use common::{Plugin, can_mount, store_with_version};
 use k8s_openapi::api::core::v1::{Event, Node};
 use k8s_openapi::api::storage::v1::CSINode;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::wait::{await_condition, conditions};
 use kube::{Api, Client};
 use sealed_crds::{
     Retention, SealedVolume, SealedVolumeSpec, SealedVolumeVersion, SealedVolumeVersionSpec, Source,
@@ -35,38 +33,6 @@ use tonic::Code;
 use tonic::transport::Channel;
 
 const MANAGER: &str = "sealed-csi-test";
-
-async fn install_crds(client: &Client) -> Result<()> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in sealed_crds::crds() {
-        let name = crd.metadata.name.clone().context("CRD without a name")?;
-        crds.patch(
-            &name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .with_context(|| format!("the API server refused CRD {name}"))?;
-        let established = await_condition(crds.clone(), &name, conditions::is_crd_established());
-        tokio::time::timeout(Duration::from_secs(30), established)
-            .await
-            .with_context(|| format!("CRD {name} not established within 30 s"))??;
-    }
-    // Discovery can lag the Established condition; wait until both lists work.
-    for _ in 0..50 {
-        let volumes = Api::<SealedVolume>::all(client.clone())
-            .list(&ListParams::default())
-            .await;
-        let versions = Api::<SealedVolumeVersion>::all(client.clone())
-            .list(&ListParams::default())
-            .await;
-        if volumes.is_ok() && versions.is_ok() {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    bail!("the sealed CRDs are not served 10 s after they were established")
-}
 
 /// A publish as kubelet sends it for an inline volume of `pod` in `namespace`
 /// (`podInfoOnMount: true`).
@@ -168,7 +134,7 @@ async fn api_server_mode_authorizes_resolves_tags_and_excludes_gpus() -> Result<
         return Ok(());
     };
     let client = cluster.client.clone();
-    install_crds(&client).await?;
+    sealed_e2e::install_crds(&client, MANAGER).await?;
     let owner = cluster.temp_namespace("csi-owner").await?;
     let other = cluster.temp_namespace("csi-other").await?;
     // A Node object without a kubelet: the plugin only reads its labels.

@@ -240,3 +240,41 @@ pub fn image_from_binary(reference: &str, binary: &Path, extra: &[&str]) -> Resu
         .context("hack/images.sh printed no archive path")?;
     Ok(PathBuf::from(archive))
 }
+
+/// Server-side applies both sealed CRDs as field manager `manager`, waits until each is
+/// Established, then until both resources are served (discovery lags the condition).
+pub async fn install_crds(client: &Client, manager: &str) -> Result<()> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{ListParams, Patch, PatchParams};
+    use kube::runtime::wait::conditions;
+    use sealed_crds::{SealedVolume, SealedVolumeVersion};
+
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in sealed_crds::crds() {
+        let name = crd.metadata.name.clone().context("CRD without a name")?;
+        crds.patch(
+            &name,
+            &PatchParams::apply(manager).force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .with_context(|| format!("the API server refused CRD {name}"))?;
+        let established = await_condition(crds.clone(), &name, conditions::is_crd_established());
+        tokio::time::timeout(Duration::from_secs(30), established)
+            .await
+            .with_context(|| format!("CRD {name} not established within 30 s"))??;
+    }
+    for _ in 0..50 {
+        let volumes = Api::<SealedVolume>::all(client.clone())
+            .list(&ListParams::default())
+            .await;
+        let versions = Api::<SealedVolumeVersion>::all(client.clone())
+            .list(&ListParams::default())
+            .await;
+        if volumes.is_ok() && versions.is_ok() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    bail!("the sealed CRDs are not served 10 s after they were established")
+}
