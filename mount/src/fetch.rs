@@ -183,6 +183,11 @@ impl NodeCache {
         if let Some(flight) = inflight.get(&chunk.digest) {
             return flight.clone();
         }
+        // A flight fills memory before it leaves the table, so a reader that missed memory
+        // just before that flight ended finds the bytes here instead of fetching them again.
+        if let Some(data) = self.inner.memory.get(&chunk.digest) {
+            return futures::future::ready(Ok(data)).boxed().shared();
+        }
         let this = self.clone();
         let store = store.clone();
         let chunk = *chunk;
@@ -196,16 +201,22 @@ impl NodeCache {
             if into_memory && let Ok((data, _)) = &result {
                 this.inner.memory.put(&digest, data);
             }
-            this.inner.inflight.lock().remove(&digest);
             // Counted before readers get their bytes, so that `flush` cannot miss it.
             let write = matches!(result, Ok((_, true)));
             if write {
                 this.inner.pending_writes.fetch_add(1, Ordering::AcqRel);
+            } else {
+                // Failures leave before readers hear of them, so the next read tries again.
+                this.inner.inflight.lock().remove(&digest);
             }
             let _ = tx.send(result.clone().map(|(data, _)| data));
-            // Readers have their bytes; the disk copy is written off their path.
+            // Readers have their bytes; the disk copy is written off their path. The flight
+            // stays in the table until it is on disk: a reader arriving meanwhile (a chunk
+            // warmed without filling memory) joins it instead of missing the disk and
+            // fetching the chunk from the store a second time.
             if let (true, Ok((data, _))) = (write, result) {
                 this.write_to_disk(digest, data).await;
+                this.inner.inflight.lock().remove(&digest);
             }
         });
         let flight: Flight = async move {

@@ -36,6 +36,9 @@ pub struct DiskCache {
     index: Mutex<LruIndex<()>>,
     metrics: Arc<MountMetrics>,
     tmp_seq: AtomicU64,
+    /// Held for a whole `put`: an entry evicted while another thread was still writing it
+    /// could otherwise land on disk after its eviction and push the files over the bound.
+    writer: Mutex<()>,
 }
 
 impl DiskCache {
@@ -87,6 +90,7 @@ impl DiskCache {
             index: Mutex::new(LruIndex::new(capacity)),
             metrics,
             tmp_seq: AtomicU64::new(0),
+            writer: Mutex::new(()),
         };
         for (_, digest, len) in found {
             let outcome = cache.index.lock().insert(digest, (), len);
@@ -187,6 +191,7 @@ impl ChunkCache for DiskCache {
     }
 
     fn put(&self, digest: &Digest, data: &Bytes) {
+        let _writer = self.writer.lock();
         let outcome = self.index.lock().insert(*digest, (), data.len() as u64);
         match outcome {
             Inserted::Present | Inserted::TooLarge => return,
