@@ -1,0 +1,101 @@
+{{/* The chart name, or nameOverride. */}}
+{{- define "sealed-volumes.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* <release>-<chart>, or fullnameOverride; the release name alone when it contains the chart name. */}}
+{{- define "sealed-volumes.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "sealed-volumes.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "sealed-volumes.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: sealed-volumes
+{{- end }}
+
+{{/* Selector labels of one component: (dict "ctx" $ "component" "operator"). */}}
+{{- define "sealed-volumes.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sealed-volumes.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "sealed-volumes.tag" -}}
+{{- default .Chart.AppVersion .Values.image.tag }}
+{{- end }}
+
+{{- define "sealed-volumes.operatorImage" -}}
+{{- printf "%s/sealed-operator:%s" (trimSuffix "/" .Values.image.repository) (include "sealed-volumes.tag" .) }}
+{{- end }}
+
+{{- define "sealed-volumes.csiImage" -}}
+{{- printf "%s/sealed-csi:%s" (trimSuffix "/" .Values.image.repository) (include "sealed-volumes.tag" .) }}
+{{- end }}
+
+{{- define "sealed-volumes.operatorServiceAccount" -}}
+{{- if .Values.operator.serviceAccount.create }}
+{{- default (printf "%s-operator" (include "sealed-volumes.fullname" .)) .Values.operator.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.operator.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "sealed-volumes.nodeServiceAccount" -}}
+{{- if .Values.node.serviceAccount.create }}
+{{- default (printf "%s-node" (include "sealed-volumes.fullname" .)) .Values.node.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.node.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret with the store credentials, or "" when there is none. */}}
+{{- define "sealed-volumes.storeSecret" -}}
+{{- if .Values.store.existingSecret }}
+{{- .Values.store.existingSecret }}
+{{- else if .Values.store.credentials }}
+{{- printf "%s-store" (include "sealed-volumes.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{- define "sealed-volumes.storeUrl" -}}
+{{- required "store.url is required: the object store of chunks and manifests, e.g. --set store.url=s3://bucket/prefix (see docs/helm.md)" .Values.store.url }}
+{{- end }}
+
+{{/* A size for the plugin's flags: 50Gi -> 50G (both are powers of 1024). */}}
+{{- define "sealed-volumes.size" -}}
+{{- trimSuffix "i" (toString .) }}
+{{- end }}
+
+{{/* Store flags and credentials, shared by the operator and the node plugin. */}}
+{{- define "sealed-volumes.storeArgs" -}}
+- --store={{ include "sealed-volumes.storeUrl" . }}
+{{- with .Values.store.endpoint }}
+- --store-endpoint={{ . }}
+{{- end }}
+{{- with .Values.store.region }}
+- --store-region={{ . }}
+{{- end }}
+{{- end }}
+
+{{/* The excluded GPU products as node-label values: each as given and with -SHARED. */}}
+{{- define "sealed-volumes.excludedGpuLabelValues" -}}
+{{- $out := list }}
+{{- range .Values.node.excludedGpuProducts }}
+{{- $out = append $out . }}
+{{- $out = append $out (printf "%s-SHARED" .) }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}
