@@ -5,8 +5,15 @@
 #
 #   hack/images.sh base                              build (cached) + import the pause and busybox images
 #   hack/images.sh binary NAME:TAG BINARY [SRC[:DEST]]...
-#                       a static binary on an empty base (at /BASENAME, the entrypoint), plus extra
-#                       files (DEST defaults to /basename of SRC); imported if the cluster runs
+#                       a binary on an empty base (at /BASENAME, the entrypoint), plus extra
+#                       files (DEST defaults to /basename of SRC); imported if the cluster runs.
+#                       A dynamically linked binary gets its loader and libraries (from ldd).
+#   hack/images.sh sealed [operator] [csi]           sealed.local/sealed-operator:dev and
+#                       sealed.local/sealed-csi:dev (default both) from the cargo-built binaries,
+#                       with their glibc and the host's CA certificates; imported if the cluster runs.
+#                       Env: SEALED_IMAGE_TAG (dev), SEALED_OPERATOR_BIN, SEALED_CSI_BIN (default
+#                       $CARGO_TARGET_DIR/debug/<name>, else target/debug/<name>). Build them first:
+#                       cargo build -p sealed-operator -p sealed-csi
 #   hack/images.sh rootfs NAME:TAG DIR [ENTRYPOINT ARG...]   a directory as the image's root
 #   hack/images.sh import ARCHIVE...                 import docker-archive tarballs
 #   hack/images.sh pause-name | busybox-name         print the base image names
@@ -115,11 +122,9 @@ cmd_binary() {
   local ref=$1 bin=$2 root spec src dest out
   shift 2
   [[ -f $bin ]] || die "no such binary: $bin"
-  if file "$bin" 2>/dev/null | grep -q 'dynamically linked'; then
-    log "warning: $bin is dynamically linked; the image has no libc"
-  fi
   root=$(mktemp -d) && chmod 0755 "$root"
   install -m 0755 "$bin" "$root/$(basename "$bin")"
+  add_shared_libs "$bin" "$root"
   mkdir -p "$root/tmp" && chmod 1777 "$root/tmp"
   for spec in "$@"; do
     src=${spec%%:*}
@@ -134,6 +139,42 @@ cmd_binary() {
   rm -rf "$root"
   cluster_running && import "$out"
   echo "$out"
+}
+
+# add_shared_libs BINARY ROOT: copies the dynamic loader and every library ldd resolves for
+# BINARY into ROOT at the same paths (nothing for a static binary). glibc >= 2.34 has the
+# files/dns NSS modules built in, so name resolution needs no extra libraries.
+add_shared_libs() {
+  local bin=$1 root=$2 lib
+  command -v ldd >/dev/null || die "no ldd to find the libraries of $bin (package libc-bin)"
+  ldd "$bin" >/dev/null 2>&1 || return 0 # "not a dynamic executable"
+  while read -r lib; do
+    [[ -e $lib ]] || die "ldd names $lib for $bin, which does not exist"
+    mkdir -p "$root$(dirname "$lib")"
+    cp -L "$lib" "$root$lib"
+  done < <(ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' | sort -u)
+  log "added $(find "$root" -name '*.so*' | wc -l) shared objects (the loader included) for $(basename "$bin")"
+}
+
+# The sealed-operator and sealed-csi images from cargo-built binaries. Neither shells out to
+# mount tools: sealed-csi mounts FUSE with mount(2) as root (fuser's pure-Rust mount) and
+# bind-mounts/unmounts with mount(2)/umount2(2), so the images hold the binary, its glibc
+# and the CA bundle (object_store's TLS uses the system roots) only.
+cmd_sealed() {
+  local tag=${SEALED_IMAGE_TAG:-dev} target=${CARGO_TARGET_DIR:-$HACK_DIR/../target}
+  local components=("$@") c bin var ca=/etc/ssl/certs/ca-certificates.crt
+  ((${#components[@]} > 0)) || components=(operator csi)
+  [[ -f $ca ]] || apt_ensure ca-certificates
+  for c in "${components[@]}"; do
+    case $c in
+      operator) var=SEALED_OPERATOR_BIN ;;
+      csi) var=SEALED_CSI_BIN ;;
+      *) die "unknown component '$c' (operator, csi)" ;;
+    esac
+    bin=${!var:-$target/debug/sealed-$c}
+    [[ -f $bin ]] || die "no $bin: run 'cargo build -p sealed-$c' first (or set $var)"
+    cmd_binary "sealed.local/sealed-$c:$tag" "$bin" "$ca:$ca"
+  done
 }
 
 cmd_rootfs() {
@@ -159,6 +200,7 @@ main() {
       printf '%s\n%s\n' "$p" "$b"
       ;;
     binary) cmd_binary "$@" ;;
+    sealed) cmd_sealed "$@" ;;
     rootfs) cmd_rootfs "$@" ;;
     import) (($# > 0)) || usage; import "$@" ;;
     pause-name) echo "$PAUSE_IMAGE" ;;
