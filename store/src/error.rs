@@ -72,6 +72,56 @@ pub enum Error {
         source: Box<Error>,
     },
 
+    #[error(
+        "store {store}: a garbage collection (host {host}, pid {pid}, started {started_at}) still held \
+         the store after waiting {waited_secs}s; wait for it to finish and try again (if it crashed, \
+         its marker gc/running expires at {expires_at})"
+    )]
+    GcRunning {
+        store: String,
+        host: String,
+        pid: u32,
+        started_at: String,
+        expires_at: String,
+        waited_secs: u64,
+    },
+
+    #[error(
+        "store {store}: another garbage collection (host {host}, pid {pid}, started {started_at}) is \
+         running; wait for it to finish (if it crashed, its marker gc/running expires at {expires_at})"
+    )]
+    GcBusy {
+        store: String,
+        host: String,
+        pid: u32,
+        started_at: String,
+        expires_at: String,
+    },
+
+    #[error(
+        "store {store}: the writer lease {id} ({purpose}) lapsed: it could not be renewed in time, so a \
+         garbage collection may have run meanwhile; nothing was sealed, run the operation again"
+    )]
+    LeaseLapsed {
+        store: String,
+        id: String,
+        purpose: String,
+    },
+
+    #[error(
+        "version {digest} was deleted and garbage collection has reclaimed it from store {store}; it \
+         can no longer be restored (push it again from its source)"
+    )]
+    VersionReclaimed { digest: Digest, store: String },
+
+    #[error("store {store}: {what} at {key} is corrupt: {reason}")]
+    CorruptRecord {
+        store: String,
+        what: String,
+        key: String,
+        reason: String,
+    },
+
     #[error("{0}")]
     Other(String),
 }

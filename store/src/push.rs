@@ -7,7 +7,8 @@
 //! Order matters for "nothing lost": every chunk is uploaded and made durable before the
 //! manifest that names it is written, and the manifest is written with a conditional create.
 //! An interrupted push leaves only chunks (harmless, reused by the next push), never a
-//! manifest with holes.
+//! manifest with holes. The whole push holds a writer lease, so no garbage collection sweeps
+//! while it decides which chunks the store already has (docs/gc.md).
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -20,6 +21,7 @@ use tokio::sync::mpsc;
 use crate::chunker::ChunkParams;
 use crate::digest::Digest;
 use crate::error::{Error, Result};
+use crate::lease::WriterLease;
 use crate::manifest::{ChunkRef, EntryKind};
 use crate::progress::{Phase, Progress};
 use crate::scan::{ScanOptions, ScannedTree, ensure_unchanged, scan};
@@ -83,6 +85,33 @@ pub async fn push(
     if let Some(volume) = &opts.volume {
         validate_volume_name(volume)?;
     }
+    // No garbage collection may sweep between our first "the store has this chunk" and the
+    // manifest that names it: hold a writer lease for the whole push (docs/gc.md).
+    let lease = WriterLease::acquire(store, &push_purpose(dir, opts)).await?;
+    let result = push_leased(store, dir, opts, progress, &lease).await;
+    match lease.release().await {
+        Ok(()) => {}
+        // The push's own outcome matters more; an unreleased lease only expires.
+        Err(e) if result.is_err() => tracing::warn!(error = %e, "cannot release writer lease"),
+        Err(e) => return Err(e),
+    }
+    result
+}
+
+fn push_purpose(dir: &Path, opts: &PushOptions) -> String {
+    match &opts.volume {
+        Some(v) => format!("push {} to {v}", dir.display()),
+        None => format!("push {}", dir.display()),
+    }
+}
+
+async fn push_leased(
+    store: &ChunkStore,
+    dir: &Path,
+    opts: &PushOptions,
+    progress: Arc<dyn Progress>,
+    lease: &WriterLease,
+) -> Result<PushReport> {
     let concurrency = opts.concurrency.max(1);
     let (tx, rx) = mpsc::channel::<(ChunkRef, Bytes)>(concurrency * 2);
     let scanner = scan_blocking(dir.to_path_buf(), opts, progress.clone(), tx);
@@ -101,6 +130,8 @@ pub async fn push(
     let (manifest_bytes, digest) = tree.manifest.seal()?;
     store.sync().await?;
     let manifest_len = manifest_bytes.len() as u64;
+    // Chunks we found present were safe from collection only while the lease held.
+    lease.ensure_live()?;
     store.put_manifest(manifest_bytes).await?;
     if let Some(volume) = &opts.volume {
         store.put_volume_record(volume, &digest).await?;

@@ -250,7 +250,7 @@ impl ChunkStore {
         ObjectPath::from(format!("manifests/{}", digest.hex()))
     }
 
-    fn backend(&self, source: object_store::Error) -> Error {
+    pub(crate) fn backend(&self, source: object_store::Error) -> Error {
         Error::Backend {
             store: self.name.clone(),
             source,

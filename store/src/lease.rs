@@ -1,0 +1,422 @@
+//! Writer leases: how writers (push, restore, ingest) and the garbage collector stay out of each
+//! other's way. See `docs/gc.md` for the whole argument.
+//!
+//! ```text
+//! <prefix>/leases/<32 hex>    one per writer in flight: {id, purpose, host, pid, acquired_at, expires_at}
+//! <prefix>/gc/running         the collector's marker:   {id, host, pid, started_at, expires_at}
+//! ```
+//!
+//! A writer writes its lease *first* and reads the GC marker *second*; the collector writes its
+//! marker first and lists leases second. On a strongly consistent store (S3, GCS, Azure Blob, a
+//! local directory) at least one of the two sees the other, so a collector never sweeps while a
+//! writer it did not see is choosing which chunks to reuse. A writer that sees a live marker
+//! withdraws its lease and waits for the collection to end.
+//!
+//! A lease is renewed by a background task every TTL/3. Renewal must land before the previous
+//! expiry (less a clock-skew margin); if it does not, the lease has *lapsed* for good and
+//! [`WriterLease::ensure_live`] fails, so a writer that was paused past its TTL (a collection
+//! may have run meanwhile) never seals a manifest on the strength of chunks it saw before.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use futures::TryStreamExt;
+use object_store::PutPayload;
+use object_store::path::Path as ObjectPath;
+
+use crate::error::{Error, Result};
+use crate::store::ChunkStore;
+
+/// How long a lease lives without renewal.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10 * 60);
+/// How long a writer waits for a running garbage collection before giving up.
+pub const DEFAULT_GC_WAIT: Duration = Duration::from_secs(15 * 60);
+
+pub(crate) const LEASES_PREFIX: &str = "leases";
+pub(crate) const GC_MARKER_KEY: &str = "gc/running";
+
+#[derive(Clone, Debug)]
+pub struct LeaseOptions {
+    /// Lifetime of the lease object without renewal; it is renewed every `ttl / 3`.
+    pub ttl: Duration,
+    /// Longest wait for a running garbage collection before [`Error::GcRunning`].
+    pub max_wait: Duration,
+}
+
+impl Default for LeaseOptions {
+    fn default() -> Self {
+        LeaseOptions {
+            ttl: DEFAULT_LEASE_TTL,
+            max_wait: DEFAULT_GC_WAIT,
+        }
+    }
+}
+
+/// The lease object's body.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct LeaseRecord {
+    pub id: String,
+    pub purpose: String,
+    pub host: String,
+    pub pid: u32,
+    pub acquired_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// The collector's marker body (`gc/running`).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct GcMarker {
+    pub id: String,
+    pub host: String,
+    pub pid: u32,
+    pub started_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// A writer's claim on the store: while it is held, no garbage collection starts.
+/// Release it with [`WriterLease::release`]; dropping it stops the renewal and deletes the
+/// lease object in the background (or it expires after its TTL if the process dies).
+pub struct WriterLease {
+    store: ChunkStore,
+    record: LeaseRecord,
+    key: ObjectPath,
+    ttl: Duration,
+    shared: Arc<Shared>,
+    heartbeat: Option<tokio::task::JoinHandle<()>>,
+    released: bool,
+}
+
+struct Shared {
+    /// Local (monotonic) time until which the lease object is known to be unexpired.
+    confirmed_until: Mutex<Instant>,
+    lapsed: AtomicBool,
+}
+
+impl Shared {
+    fn live_until(&self) -> Option<Instant> {
+        if self.lapsed.load(Ordering::SeqCst) {
+            return None;
+        }
+        self.confirmed_until.lock().ok().map(|t| *t)
+    }
+}
+
+/// Allowance for clock skew between hosts and for request latency: a lease is treated as
+/// lapsed this long before its written expiry.
+pub(crate) fn skew_margin(ttl: Duration) -> Duration {
+    ttl / 10
+}
+
+impl WriterLease {
+    /// Takes a lease with the default TTL (10 min), waiting up to 15 min for a running garbage
+    /// collection to end. `purpose` says who holds it ("push", "restore blake3:…", "ingest …").
+    pub async fn acquire(store: &ChunkStore, purpose: &str) -> Result<WriterLease> {
+        Self::acquire_with(store, purpose, &LeaseOptions::default()).await
+    }
+
+    pub async fn acquire_with(
+        store: &ChunkStore,
+        purpose: &str,
+        opts: &LeaseOptions,
+    ) -> Result<WriterLease> {
+        let ttl = opts.ttl.max(Duration::from_millis(300));
+        let id = random_id();
+        let key = ObjectPath::from(format!("{LEASES_PREFIX}/{id}"));
+        let host = hostname();
+        let pid = std::process::id();
+        let started = Instant::now();
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            // 1. Our lease first …
+            let write_start = Instant::now();
+            let now = Utc::now();
+            let record = LeaseRecord {
+                id: id.clone(),
+                purpose: purpose.to_owned(),
+                host: host.clone(),
+                pid,
+                acquired_at: now,
+                expires_at: now + chrono_duration(ttl),
+            };
+            write_json(store, &key, &record).await?;
+            // 2. … then the collector's marker.
+            let marker = match read_gc_marker(store).await {
+                Ok(m) => m,
+                Err(e) => {
+                    delete_quietly(store, &key).await;
+                    return Err(e);
+                }
+            };
+            let live_marker = marker.filter(|m| m.expires_at > Utc::now());
+            let Some(marker) = live_marker else {
+                let shared = Arc::new(Shared {
+                    confirmed_until: Mutex::new(write_start + ttl - skew_margin(ttl)),
+                    lapsed: AtomicBool::new(false),
+                });
+                let heartbeat = tokio::spawn(heartbeat(
+                    store.clone(),
+                    key.clone(),
+                    record.clone(),
+                    ttl,
+                    shared.clone(),
+                ));
+                tracing::debug!(lease = %id, purpose, "writer lease acquired");
+                return Ok(WriterLease {
+                    store: store.clone(),
+                    record,
+                    key,
+                    ttl,
+                    shared,
+                    heartbeat: Some(heartbeat),
+                    released: false,
+                });
+            };
+            // A collection is running: withdraw, so it can finish, and wait.
+            delete_quietly(store, &key).await;
+            let waited = started.elapsed();
+            if waited >= opts.max_wait {
+                return Err(Error::GcRunning {
+                    store: store.name().to_owned(),
+                    host: marker.host,
+                    pid: marker.pid,
+                    started_at: marker.started_at.to_rfc3339(),
+                    expires_at: marker.expires_at.to_rfc3339(),
+                    waited_secs: waited.as_secs(),
+                });
+            }
+            tracing::info!(
+                gc_host = %marker.host,
+                gc_pid = marker.pid,
+                "garbage collection running; waiting for it to finish"
+            );
+            let remaining = opts.max_wait.saturating_sub(waited);
+            tokio::time::sleep(backoff.min(remaining)).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    pub fn id(&self) -> &str {
+        &self.record.id
+    }
+
+    pub fn record(&self) -> &LeaseRecord {
+        &self.record
+    }
+
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Fails with [`Error::LeaseLapsed`] unless the lease has been continuously held since it
+    /// was acquired. Call it just before writing anything that makes chunks reachable (a
+    /// manifest): a lapsed lease means a garbage collection may have swept meanwhile.
+    pub fn ensure_live(&self) -> Result<()> {
+        match self.shared.live_until() {
+            Some(until) if Instant::now() < until => Ok(()),
+            _ => {
+                self.shared.lapsed.store(true, Ordering::SeqCst);
+                Err(Error::LeaseLapsed {
+                    store: self.store.name().to_owned(),
+                    id: self.record.id.clone(),
+                    purpose: self.record.purpose.clone(),
+                })
+            }
+        }
+    }
+
+    /// Stops renewing and deletes the lease object.
+    pub async fn release(mut self) -> Result<()> {
+        self.released = true;
+        if let Some(h) = self.heartbeat.take() {
+            h.abort();
+            // Wait until the task is gone so a renewal in flight cannot rewrite the object
+            // after the delete below.
+            let _ = h.await;
+        }
+        match self.store.object_store().delete(&self.key).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {
+                tracing::debug!(lease = %self.record.id, "writer lease released");
+                Ok(())
+            }
+            Err(e) => Err(self.store.backend(e)),
+        }
+    }
+}
+
+impl Drop for WriterLease {
+    fn drop(&mut self) {
+        if let Some(h) = self.heartbeat.take() {
+            h.abort();
+        }
+        if self.released {
+            return;
+        }
+        // Best effort: without a runtime the lease simply expires after its TTL.
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let store = self.store.clone();
+            let key = self.key.clone();
+            handle.spawn(async move { delete_quietly(&store, &key).await });
+        }
+    }
+}
+
+impl std::fmt::Debug for WriterLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriterLease")
+            .field("record", &self.record)
+            .field("ttl", &self.ttl)
+            .finish()
+    }
+}
+
+async fn heartbeat(
+    store: ChunkStore,
+    key: ObjectPath,
+    mut record: LeaseRecord,
+    ttl: Duration,
+    shared: Arc<Shared>,
+) {
+    let margin = skew_margin(ttl);
+    loop {
+        tokio::time::sleep(ttl / 3).await;
+        let Some(deadline) = shared.live_until() else {
+            return;
+        };
+        let start = Instant::now();
+        if start >= deadline {
+            tracing::warn!(lease = %record.id, "writer lease lapsed before it could be renewed");
+            shared.lapsed.store(true, Ordering::SeqCst);
+            return;
+        }
+        record.expires_at = Utc::now() + chrono_duration(ttl);
+        match write_json(&store, &key, &record).await {
+            Ok(()) if Instant::now() < deadline => {
+                if let Ok(mut until) = shared.confirmed_until.lock() {
+                    *until = start + ttl - margin;
+                }
+            }
+            Ok(()) => {
+                tracing::warn!(lease = %record.id, "writer lease renewed too late; it lapsed");
+                shared.lapsed.store(true, Ordering::SeqCst);
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(lease = %record.id, error = %e, "cannot renew writer lease; retrying");
+            }
+        }
+    }
+}
+
+/// Every lease object in the store (live or expired), for the collector and for operators.
+/// A lease that does not parse is reported with `purpose = "<unreadable>"` and treated as live
+/// until its object is 2×TTL old, by the caller's choice.
+pub async fn list_leases(store: &ChunkStore) -> Result<Vec<LeaseRecord>> {
+    let metas: Vec<_> = store
+        .object_store()
+        .list(Some(&ObjectPath::from(LEASES_PREFIX)))
+        .try_collect()
+        .await
+        .map_err(|e| store.backend(e))?;
+    let mut out = Vec::with_capacity(metas.len());
+    for meta in metas {
+        let body = match store.object_store().get(&meta.location).await {
+            Ok(r) => r.bytes().await.map_err(|e| store.backend(e))?,
+            // Released between the listing and the read.
+            Err(object_store::Error::NotFound { .. }) => continue,
+            Err(e) => return Err(store.backend(e)),
+        };
+        let record = serde_json::from_slice::<LeaseRecord>(&body).unwrap_or_else(|_| {
+            // Unreadable: assume a writer is behind it until the default TTL after it was
+            // last written.
+            LeaseRecord {
+                id: meta.location.filename().unwrap_or_default().to_owned(),
+                purpose: "<unreadable lease>".into(),
+                host: String::new(),
+                pid: 0,
+                acquired_at: meta.last_modified,
+                expires_at: meta.last_modified + chrono_duration(DEFAULT_LEASE_TTL),
+            }
+        });
+        out.push(record);
+    }
+    Ok(out)
+}
+
+/// The collector's marker, if one is present (expired or not).
+pub async fn read_gc_marker(store: &ChunkStore) -> Result<Option<GcMarker>> {
+    let key = ObjectPath::from(GC_MARKER_KEY);
+    let got = match store.object_store().get(&key).await {
+        Ok(r) => r,
+        Err(object_store::Error::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(store.backend(e)),
+    };
+    let last_modified = got.meta.last_modified;
+    let body = got.bytes().await.map_err(|e| store.backend(e))?;
+    // An unreadable marker still means "a collector is running": keep out of its way until it
+    // would have expired.
+    Ok(Some(serde_json::from_slice(&body).unwrap_or_else(|_| {
+        GcMarker {
+            id: String::new(),
+            host: "<unreadable marker>".into(),
+            pid: 0,
+            started_at: last_modified,
+            expires_at: last_modified + chrono_duration(DEFAULT_LEASE_TTL),
+        }
+    })))
+}
+
+pub(crate) async fn write_json<T: serde::Serialize>(
+    store: &ChunkStore,
+    key: &ObjectPath,
+    value: &T,
+) -> Result<()> {
+    let body = serde_json::to_vec(value).map_err(|e| Error::Other(format!("{key}: {e}")))?;
+    store
+        .object_store()
+        .put(key, PutPayload::from(body))
+        .await
+        .map_err(|e| store.backend(e))?;
+    Ok(())
+}
+
+pub(crate) async fn delete_quietly(store: &ChunkStore, key: &ObjectPath) {
+    match store.object_store().delete(key).await {
+        Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+        Err(e) => tracing::warn!(%key, error = %e, "cannot delete; it will expire"),
+    }
+}
+
+pub(crate) fn chrono_duration(d: Duration) -> chrono::Duration {
+    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
+}
+
+/// 32 hex characters, unique across hosts and processes for our purposes.
+pub(crate) fn random_id() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = blake3::Hasher::new();
+    h.update(hostname().as_bytes());
+    h.update(&std::process::id().to_le_bytes());
+    h.update(&COUNTER.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    h.update(&nanos.to_le_bytes());
+    let stack_probe = 0u8;
+    h.update(&(std::ptr::addr_of!(stack_probe) as usize).to_le_bytes());
+    let hash = h.finalize();
+    hex::encode(&hash.as_bytes()[..16])
+}
+
+pub(crate) fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `len` bytes into the buffer we own.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "unknown".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
