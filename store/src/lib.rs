@@ -8,6 +8,7 @@ pub mod chunker;
 pub mod diff;
 pub mod digest;
 pub mod error;
+pub mod ingest;
 pub mod lease;
 pub mod manifest;
 pub mod progress;

@@ -1,0 +1,577 @@
+//! Ingest: seal a version from streams instead of a local directory.
+//!
+//! A source (a Hugging Face repository, a bucket prefix) hands each file over as an
+//! [`AsyncRead`]; the bytes go through a bounded channel to the same chunker `push` uses
+//! ([`chunk_reader_with_sink`], on a blocking thread), and every distinct chunk goes to one
+//! background uploader that asks the store whether it has the chunk and uploads it if not,
+//! `concurrency` at a time. Nothing is staged on disk; memory stays at the chunker's read block
+//! per file in flight plus `concurrency` chunks.
+//!
+//! [`Ingest::seal`] then builds the manifest exactly as `push` would for a directory holding
+//! the same files (every parent directory synthesised, entries sorted by path), so the same
+//! files give the same digest whichever way they arrive. The order is push's: every chunk
+//! durable, then `sync`, then the manifest (conditional create), then the volume record.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{self, Read};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::chunker::{ChunkParams, chunk_reader_with_sink};
+use crate::digest::Digest;
+use crate::error::{Error, Result};
+use crate::lease::WriterLease;
+use crate::manifest::{
+    ChunkRef, Entry, EntryKind, FileEntry, Manifest, validate_path, validate_symlink_target,
+};
+use crate::progress::{Phase, Progress};
+use crate::push::PushReport;
+use crate::store::{ChunkStore, validate_volume_name};
+
+/// How to ingest: the same knobs as a push.
+#[derive(Clone, Debug)]
+pub struct IngestOptions {
+    /// The chunker; the default is the one `push` uses, which a digest-compatible sync needs.
+    pub params: ChunkParams,
+    /// Chunk existence checks and uploads in flight at once.
+    pub concurrency: usize,
+    /// Record the version under this volume name (`ns/name`).
+    pub volume: Option<String>,
+    /// Who holds the writer lease, for `sealed gc` to show ("sync hf://org/repo@commit").
+    pub purpose: String,
+}
+
+impl Default for IngestOptions {
+    fn default() -> Self {
+        IngestOptions {
+            params: ChunkParams::default(),
+            concurrency: 16,
+            volume: None,
+            purpose: "ingest".into(),
+        }
+    }
+}
+
+/// What an ingest sealed: the same numbers a push reports.
+pub type IngestReport = PushReport;
+
+/// Bytes the feeder gathers from the source before handing them to the chunker.
+const FEED_BLOCK: usize = 1024 * 1024;
+/// Blocks queued between the feeder and the chunker.
+const FEED_DEPTH: usize = 4;
+/// What the chunker's sink reports when the uploader has stopped (its error is the real one).
+const UPLOADER_STOPPED: &str = "uploader stopped";
+/// Linux follows at most 40 links while resolving one path; so do we when looking for loops.
+const MAX_LINK_HOPS: usize = 40;
+
+#[derive(Default)]
+struct UploadStats {
+    chunks_uploaded: u64,
+    bytes_uploaded: u64,
+    bytes_reused: u64,
+}
+
+/// A version being sealed from streams. Add files (several at once if you like: every method
+/// takes `&self`), then [`seal`](Ingest::seal) it, or [`abort`](Ingest::abort) it on failure.
+pub struct Ingest {
+    store: ChunkStore,
+    params: ChunkParams,
+    volume: Option<String>,
+    progress: Arc<dyn Progress>,
+    entries: Mutex<BTreeMap<String, EntryKind>>,
+    /// Chunks already handed to the uploader (each distinct chunk goes once).
+    seen: Arc<Mutex<HashSet<Digest>>>,
+    chunks_tx: Option<mpsc::Sender<(ChunkRef, Bytes)>>,
+    uploader: Option<JoinHandle<Option<UploadStats>>>,
+    /// The uploader's first error, for whichever caller notices the uploader stopped.
+    upload_error: Arc<Mutex<Option<Error>>>,
+    /// Held from before the first chunk check until the manifest is written, so no garbage
+    /// collection sweeps a chunk this ingest found present (docs/gc.md).
+    lease: Option<WriterLease>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> Result<MutexGuard<'_, T>> {
+    m.lock()
+        .map_err(|_| Error::Other("ingest state poisoned by a panic".into()))
+}
+
+impl Ingest {
+    /// Starts an ingest into `store`: takes a writer lease (waiting for a running garbage
+    /// collection to end), then accepts files.
+    pub async fn new(
+        store: &ChunkStore,
+        opts: &IngestOptions,
+        progress: Arc<dyn Progress>,
+    ) -> Result<Ingest> {
+        opts.params.ensure_supported()?;
+        if let Some(volume) = &opts.volume {
+            validate_volume_name(volume)?;
+        }
+        let lease = WriterLease::acquire(store, &opts.purpose).await?;
+        let concurrency = opts.concurrency.max(1);
+        let (chunks_tx, chunks_rx) = mpsc::channel(concurrency * 2);
+        let upload_error = Arc::new(Mutex::new(None));
+        let uploader = tokio::spawn(upload_missing(
+            store.clone(),
+            chunks_rx,
+            concurrency,
+            progress.clone(),
+            upload_error.clone(),
+        ));
+        Ok(Ingest {
+            store: store.clone(),
+            params: opts.params.clone(),
+            volume: opts.volume.clone(),
+            progress,
+            entries: Mutex::new(BTreeMap::new()),
+            seen: Arc::new(Mutex::new(HashSet::new())),
+            chunks_tx: Some(chunks_tx),
+            uploader: Some(uploader),
+            upload_error,
+            lease: Some(lease),
+        })
+    }
+
+    /// Tells the progress reporter how many bytes of files are coming (when the source knows).
+    pub fn start(&self, total_bytes: u64) {
+        self.progress.start(Phase::Scan, total_bytes);
+    }
+
+    /// Chunks `reader` to its end as the regular file `path` (relative, `/`-separated) and
+    /// uploads the chunks the store lacks. `size`, when given, is the length the source
+    /// announced: a stream of another length fails (a truncated download is never sealed).
+    /// When this returns an error nothing of the file is recorded; calling it again for the
+    /// same path (a retry) is fine.
+    pub async fn add_file<R>(
+        &self,
+        path: &str,
+        executable: bool,
+        size: Option<u64>,
+        reader: R,
+    ) -> Result<FileEntry>
+    where
+        R: AsyncRead + Unpin + Send,
+    {
+        validate_path(path)?;
+        if lock(&self.entries)?.contains_key(path) {
+            return Err(duplicate(path));
+        }
+        let chunks_tx = self
+            .chunks_tx
+            .clone()
+            .ok_or_else(|| Error::Other("ingest already sealed".into()))?;
+        let (feed_tx, feed_rx) = mpsc::channel::<io::Result<Bytes>>(FEED_DEPTH);
+        let seen = self.seen.clone();
+        let params = self.params.clone();
+        let progress = self.progress.clone();
+        let chunker = tokio::task::spawn_blocking(move || {
+            let sink = |chunk: &ChunkRef, bytes: &[u8]| -> io::Result<()> {
+                let first = seen
+                    .lock()
+                    .map_err(|_| io::Error::other("chunk set poisoned"))?
+                    .insert(chunk.digest);
+                if first {
+                    chunks_tx
+                        .blocking_send((*chunk, Bytes::copy_from_slice(bytes)))
+                        .map_err(|_| io::Error::other(UPLOADER_STOPPED))?;
+                }
+                Ok(())
+            };
+            let reader = ChannelReader {
+                rx: feed_rx,
+                current: Bytes::new(),
+            };
+            chunk_reader_with_sink(reader, &params, &|n| progress.advance(n), &sink)
+        });
+        let (fed, chunked) = tokio::join!(feed(reader, feed_tx), chunker);
+        let chunked = chunked.map_err(|e| Error::Other(format!("chunking task failed: {e}")))?;
+        // The real cause first: the uploader's failure, then the source's, then the chunker's.
+        if let Err(e) = &chunked
+            && e.to_string() == UPLOADER_STOPPED
+        {
+            return Err(self.upload_error().in_file(path));
+        }
+        fed.map_err(|e| Error::io(PathBuf::from(path), e))?;
+        let content = chunked.map_err(|e| Error::io(PathBuf::from(path), e))?;
+        if let Some(expected) = size
+            && expected != content.size
+        {
+            return Err(Error::FileChanged {
+                path: PathBuf::from(path),
+                detail: format!(
+                    "the source announced {expected} bytes and sent {}",
+                    content.size
+                ),
+            });
+        }
+        let file = FileEntry {
+            executable,
+            size: content.size,
+            blake3: content.blake3,
+            chunks: content.chunks,
+        };
+        let mut entries = lock(&self.entries)?;
+        if entries.contains_key(path) {
+            return Err(duplicate(path));
+        }
+        entries.insert(path.to_owned(), EntryKind::File(file.clone()));
+        Ok(file)
+    }
+
+    /// Records the symlink `path` → `target` (relative, never leaving the volume).
+    pub fn add_symlink(&self, path: &str, target: &str) -> Result<()> {
+        validate_path(path)?;
+        validate_symlink_target(path, target)?;
+        let mut entries = lock(&self.entries)?;
+        if entries.contains_key(path) {
+            return Err(duplicate(path));
+        }
+        entries.insert(
+            path.to_owned(),
+            EntryKind::Symlink {
+                target: target.to_owned(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Records a directory (only needed for empty ones: parents of files are implied).
+    pub fn add_dir(&self, path: &str) -> Result<()> {
+        validate_path(path)?;
+        let mut entries = lock(&self.entries)?;
+        match entries.get(path) {
+            None => {
+                entries.insert(path.to_owned(), EntryKind::Dir);
+                Ok(())
+            }
+            Some(EntryKind::Dir) => Ok(()),
+            Some(_) => Err(duplicate(path)),
+        }
+    }
+
+    /// Waits for every upload, makes them durable, writes the manifest (conditional create)
+    /// and the volume record, and reports what was sealed. On error nothing is sealed.
+    /// The writer lease is released either way.
+    pub async fn seal(mut self) -> Result<IngestReport> {
+        let lease = self
+            .lease
+            .take()
+            .ok_or_else(|| Error::Other("ingest already sealed".into()))?;
+        let result = self.seal_leased(&lease).await;
+        match lease.release().await {
+            Ok(()) => {}
+            // The seal's own outcome matters more; an unreleased lease only expires.
+            Err(e) if result.is_err() => tracing::warn!(error = %e, "cannot release writer lease"),
+            Err(e) => return Err(e),
+        }
+        result
+    }
+
+    async fn seal_leased(&mut self, lease: &WriterLease) -> Result<IngestReport> {
+        let stats = self.finish_uploads().await?;
+        self.progress.finish();
+        let entries = std::mem::take(&mut *lock(&self.entries)?);
+        let manifest = Manifest {
+            chunking: self.params.clone(),
+            entries: with_parents(entries)?,
+        };
+        check_symlink_loops(&manifest.entries)?;
+        let (manifest_bytes, digest) = manifest.seal()?;
+        self.store.sync().await?;
+        let manifest_len = manifest_bytes.len() as u64;
+        // Chunks found present were safe from collection only while the lease held.
+        lease.ensure_live()?;
+        self.store.put_manifest(manifest_bytes).await?;
+        if let Some(volume) = &self.volume {
+            self.store.put_volume_record(volume, &digest).await?;
+        }
+        let mut report = IngestReport {
+            digest,
+            files: 0,
+            directories: 0,
+            symlinks: 0,
+            bytes: manifest.total_size(),
+            chunks: 0,
+            unique_chunks: manifest.unique_chunks().len() as u64,
+            chunks_uploaded: stats.chunks_uploaded,
+            bytes_uploaded: stats.bytes_uploaded,
+            bytes_reused: stats.bytes_reused,
+            manifest_bytes: manifest_len,
+        };
+        for entry in &manifest.entries {
+            match &entry.kind {
+                EntryKind::Dir => report.directories += 1,
+                EntryKind::Symlink { .. } => report.symlinks += 1,
+                EntryKind::File(f) => {
+                    report.files += 1;
+                    report.chunks += f.chunks.len() as u64;
+                }
+            }
+        }
+        tracing::info!(
+            %digest,
+            files = report.files,
+            bytes = report.bytes,
+            chunks_uploaded = report.chunks_uploaded,
+            bytes_uploaded = report.bytes_uploaded,
+            "sealed from a stream"
+        );
+        Ok(report)
+    }
+
+    /// Gives up: stops the uploads in flight, releases the writer lease and seals nothing.
+    /// Chunks already uploaded stay (harmless, reused by the next attempt). Dropping an
+    /// `Ingest` does the same in the background.
+    pub async fn abort(mut self) {
+        self.chunks_tx = None;
+        if let Some(uploader) = self.uploader.take() {
+            uploader.abort();
+            let _ = uploader.await;
+        }
+        if let Some(lease) = self.lease.take()
+            && let Err(e) = lease.release().await
+        {
+            tracing::warn!(error = %e, "cannot release writer lease");
+        }
+    }
+
+    async fn finish_uploads(&mut self) -> Result<UploadStats> {
+        // Closing our sender ends the uploader once every add_file's chunker has finished.
+        self.chunks_tx = None;
+        let uploader = self
+            .uploader
+            .take()
+            .ok_or_else(|| Error::Other("ingest already sealed".into()))?;
+        let stats = uploader
+            .await
+            .map_err(|e| Error::Other(format!("upload task failed: {e}")))?;
+        stats.ok_or_else(|| self.upload_error())
+    }
+
+    /// The uploader's error (once; later callers get a pointer to it).
+    fn upload_error(&self) -> Error {
+        let taken = self
+            .upload_error
+            .lock()
+            .ok()
+            .and_then(|mut slot| slot.take());
+        taken.unwrap_or_else(|| Error::Other("a chunk upload failed earlier in this ingest".into()))
+    }
+}
+
+impl Drop for Ingest {
+    fn drop(&mut self) {
+        if let Some(uploader) = self.uploader.take() {
+            uploader.abort();
+        }
+    }
+}
+
+fn duplicate(path: &str) -> Error {
+    Error::InvalidManifest(format!(
+        "'{path}' was added twice (or as both a file and a directory)"
+    ))
+}
+
+/// Reads the source into blocks for the chunker. Stops quietly when the chunker has stopped
+/// (its error is the real one); a read error is passed on so the chunker fails too.
+async fn feed<R: AsyncRead + Unpin>(
+    mut reader: R,
+    tx: mpsc::Sender<io::Result<Bytes>>,
+) -> io::Result<()> {
+    loop {
+        let mut block = BytesMut::with_capacity(FEED_BLOCK);
+        let mut eof = false;
+        while block.len() < FEED_BLOCK {
+            match reader.read_buf(&mut block).await {
+                Ok(0) => {
+                    eof = true;
+                    break;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    let copy = io::Error::new(e.kind(), e.to_string());
+                    let _ = tx.send(Err(copy)).await;
+                    return Err(e);
+                }
+            }
+        }
+        if !block.is_empty() && tx.send(Ok(block.freeze())).await.is_err() {
+            return Ok(());
+        }
+        if eof {
+            return Ok(());
+        }
+    }
+}
+
+/// The blocking end of the feed: a `Read` over blocks from the channel.
+struct ChannelReader {
+    rx: mpsc::Receiver<io::Result<Bytes>>,
+    current: Bytes,
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.current.is_empty() {
+            match self.rx.blocking_recv() {
+                None => return Ok(0),
+                Some(block) => self.current = block?,
+            }
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current.split_to(n));
+        Ok(n)
+    }
+}
+
+/// Uploads each chunk the store lacks, `concurrency` at a time. On failure the error goes to
+/// `error` and the result is `None`; dropping the receiver stops the chunkers.
+async fn upload_missing(
+    store: ChunkStore,
+    rx: mpsc::Receiver<(ChunkRef, Bytes)>,
+    concurrency: usize,
+    progress: Arc<dyn Progress>,
+    error: Arc<Mutex<Option<Error>>>,
+) -> Option<UploadStats> {
+    let chunks = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    let results = chunks
+        .map(|(chunk, data)| {
+            let progress = progress.clone();
+            let store = &store;
+            async move {
+                let len = u64::from(chunk.len);
+                if store.has_chunk(&chunk.digest).await? {
+                    progress.reused(len);
+                    return Ok::<_, Error>((false, len));
+                }
+                store.put_chunk(&chunk.digest, data).await?;
+                progress.uploaded(len);
+                Ok((true, len))
+            }
+        })
+        .buffer_unordered(concurrency);
+    let mut results = std::pin::pin!(results);
+    let mut stats = UploadStats::default();
+    while let Some(result) = results.next().await {
+        match result {
+            Ok((true, len)) => {
+                stats.chunks_uploaded += 1;
+                stats.bytes_uploaded += len;
+            }
+            Ok((false, len)) => stats.bytes_reused += len,
+            Err(e) => {
+                if let Ok(mut slot) = error.lock() {
+                    slot.get_or_insert(e);
+                }
+                return None;
+            }
+        }
+    }
+    Some(stats)
+}
+
+/// The manifest's entries: every parent directory of every entry added, sorted by path bytes
+/// (a `BTreeMap<String, _>` iterates in byte order), as a scan of the same tree would give.
+fn with_parents(mut entries: BTreeMap<String, EntryKind>) -> Result<Vec<Entry>> {
+    let mut parents = Vec::new();
+    for path in entries.keys() {
+        let mut end = 0;
+        while let Some(slash) = path[end..].find('/') {
+            end += slash;
+            parents.push(path[..end].to_owned());
+            end += 1;
+        }
+    }
+    for parent in parents {
+        match entries.get(&parent) {
+            None => {
+                entries.insert(parent, EntryKind::Dir);
+            }
+            Some(EntryKind::Dir) => {}
+            Some(_) => {
+                return Err(Error::InvalidManifest(format!(
+                    "'{parent}' is both a file (or symlink) and the directory of other entries"
+                )));
+            }
+        }
+    }
+    Ok(entries
+        .into_iter()
+        .map(|(path, kind)| Entry { path, kind })
+        .collect())
+}
+
+/// Refuses a symlink that never settles when resolved inside the tree, as a push does.
+fn check_symlink_loops(entries: &[Entry]) -> Result<()> {
+    let links: HashMap<&str, &str> = entries
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EntryKind::Symlink { target } => Some((e.path.as_str(), target.as_str())),
+            _ => None,
+        })
+        .collect();
+    for link in links.keys() {
+        let mut hops = 0;
+        let mut todo: Vec<String> = link.rsplit('/').map(str::to_owned).collect();
+        let mut resolved: Vec<String> = Vec::new();
+        while let Some(c) = todo.pop() {
+            match c.as_str() {
+                "" | "." => continue,
+                ".." => {
+                    resolved.pop();
+                    continue;
+                }
+                _ => {}
+            }
+            resolved.push(c);
+            if let Some(target) = links.get(resolved.join("/").as_str()) {
+                hops += 1;
+                if hops > MAX_LINK_HOPS {
+                    return Err(Error::InvalidManifest(format!(
+                        "symlink '{link}' loops: resolving it never reaches a file or directory"
+                    )));
+                }
+                resolved.pop();
+                todo.extend(target.rsplit('/').map(str::to_owned));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parents_are_synthesised_in_byte_order() {
+        let mut entries = BTreeMap::new();
+        entries.insert("a/b/c.txt".to_owned(), EntryKind::Dir);
+        entries.insert("a.txt".to_owned(), EntryKind::Dir);
+        entries.insert("a-b/x".to_owned(), EntryKind::Dir);
+        let paths: Vec<String> = with_parents(entries)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.path)
+            .collect();
+        assert_eq!(paths, ["a", "a-b", "a-b/x", "a.txt", "a/b", "a/b/c.txt"]);
+    }
+
+    #[test]
+    fn a_file_cannot_be_a_parent() {
+        let file = EntryKind::Symlink { target: "x".into() };
+        let mut entries = BTreeMap::new();
+        entries.insert("a".to_owned(), file);
+        entries.insert("a/b".to_owned(), EntryKind::Dir);
+        assert!(with_parents(entries).is_err());
+    }
+}
