@@ -4,6 +4,7 @@
 //! driver state apart from the gRPC layer ([`state`], with the kernel calls in [`mounts`]),
 //! and errors mapped to gRPC status codes in one place ([`error`]).
 
+pub mod authority;
 pub mod error;
 pub mod gpu;
 pub mod identity;
@@ -18,6 +19,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use tokio::net::UnixListener;
+use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::UnixListenerStream;
 
 pub use error::CsiError;
@@ -80,7 +82,12 @@ pub async fn serve_registration(
                 registration::RegistrationService::new(endpoint),
             ),
         )
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        // Through the authority shim: kubelet's plugin watcher sends the socket path as
+        // :authority, which h2 would refuse (see `authority`).
+        .serve_with_incoming_shutdown(
+            UnixListenerStream::new(listener).map(|conn| conn.map(authority::shim)),
+            shutdown,
+        )
         .await
         .context("registration gRPC server failed")
 }

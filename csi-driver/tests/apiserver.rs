@@ -3,9 +3,10 @@
 //! SealedVolumeVersion in the pod's namespace (or a shared volume), resolves `volume` + `tag`
 //! and records an Event on the pod, and refuses to publish on a node with an excluded GPU.
 //!
-//! A second test (ignored: it fails, see docs/csi.md, Known issues) registers the plugin with
-//! the cluster's real kubelet through `plugins_registry` and waits for the driver to show up in
-//! the node's CSINode (and to go again when the plugin stops).
+//! A second test registers the plugin with the cluster's real kubelet through
+//! `plugins_registry` (kubelet's plugin watcher sends the socket path as `:authority`, which
+//! the plugin's authority shim accepts) and waits for the driver to show up in the node's
+//! CSINode (and to go again when the plugin stops).
 //!
 //! Skipped (with a notice) unless `SEALED_E2E_CLUSTER=1`. Successful publishes mount through
 //! FUSE, so they need root and /dev/fuse.
@@ -356,8 +357,6 @@ async fn wait_for_driver(client: &Client, node: &str, registered: bool) -> Resul
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails: kubelet 1.34's plugin watcher sends :authority = the %-encoded socket path, \
-            which h2 rejects (docs/csi.md, Known issues); run with --ignored"]
 async fn registers_with_the_real_kubelet() -> Result<()> {
     let Some(cluster) = sealed_e2e::cluster("registers_with_the_real_kubelet").await else {
         return Ok(());
