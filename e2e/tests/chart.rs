@@ -414,10 +414,11 @@ fn rules(docs: &[Value]) -> Result<Vec<(String, PolicyRule)>> {
     Ok(out)
 }
 
+/// The verbs roles whose kind-and-name is `role` (or every role, for "") grant on `resource`.
 fn grants(rules: &[(String, PolicyRule)], role: &str, resource: &str) -> BTreeSet<String> {
     rules
         .iter()
-        .filter(|(name, _)| name.contains(role))
+        .filter(|(name, _)| role.is_empty() || name == role)
         .filter(|(_, r)| r.resources.iter().flatten().any(|x| x == resource))
         .flat_map(|(_, r)| r.verbs.clone())
         .collect()
@@ -428,6 +429,9 @@ fn rbac_is_least_privilege() -> Result<()> {
     let Some(helm) = helm("rbac_is_least_privilege") else {
         return Ok(());
     };
+    const OPERATOR: &str = "ClusterRole sv-sealed-volumes-operator";
+    const OPERATOR_NS: &str = "Role sv-sealed-volumes-operator";
+    const NODE: &str = "ClusterRole sv-sealed-volumes-node";
     for executor in ["job", "inline"] {
         let docs = render(&helm, &[&format!("operator.syncExecutor={executor}")])?;
         let rules = rules(&docs)?;
@@ -442,64 +446,65 @@ fn rbac_is_least_privilege() -> Result<()> {
                 assert_ne!(item, "*", "{role} has a wildcard: {rule:?}");
             }
             assert!(rule.non_resource_urls.is_none(), "{role}: {rule:?}");
-            assert!(rule.resource_names.is_none(), "{role}: {rule:?}");
         }
-        let secrets = grants(&rules, "", "secrets");
-        let want: BTreeSet<String> = match executor {
-            // Sync Jobs get credentials through their pod spec: no Secret access at all.
-            "job" => BTreeSet::new(),
-            // The operator reads a SealedVolume's source credentials itself: get only.
-            _ => ["get".to_string()].into(),
-        };
-        assert_eq!(secrets, want, "secrets with the {executor} executor");
-        // Leases only in the release namespace.
-        let lease_roles: BTreeSet<&str> = rules
-            .iter()
-            .filter(|(_, r)| r.resources.iter().flatten().any(|x| x == "leases"))
-            .map(|(name, _)| name.split(' ').next().unwrap())
-            .collect();
-        assert_eq!(
-            lease_roles,
-            ["Role"].into(),
-            "leases are granted by a namespaced Role"
-        );
+        let roles: BTreeSet<&str> = rules.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(roles, [OPERATOR, OPERATOR_NS, NODE].into(), "{executor}");
         let role: Role = one(&docs, "Role")?;
         assert_eq!(role.metadata.namespace.as_deref(), Some("sealed-system"));
 
+        // Secrets are never listed or watched: the operator gets the ones a source names;
+        // with Jobs it also creates each sync's credentials copy in its own namespace.
+        let secrets = grants(&rules, "", "secrets");
+        assert!(
+            secrets.iter().all(|v| v == "get" || v == "create"),
+            "secrets: {secrets:?}"
+        );
         let expect = |role: &str, resource: &str, verbs: &[&str]| {
             let want: BTreeSet<String> = verbs.iter().map(|v| v.to_string()).collect();
-            assert_eq!(grants(&rules, role, resource), want, "{role} on {resource}");
+            assert_eq!(
+                grants(&rules, role, resource),
+                want,
+                "{role} on {resource} ({executor})"
+            );
         };
         let crud = [
             "get", "list", "watch", "create", "update", "patch", "delete",
         ];
-        expect("-operator", "sealedvolumes", &crud);
-        expect("-operator", "sealedvolumeversions", &crud);
+        expect(OPERATOR, "sealedvolumes", &crud);
+        expect(OPERATOR, "sealedvolumeversions", &crud);
         expect(
-            "-operator",
+            OPERATOR,
             "sealedvolumes/status",
             &["get", "update", "patch"],
         );
-        expect("-operator", "sealedvolumes/finalizers", &["update"]);
+        expect(OPERATOR, "sealedvolumeversions/finalizers", &["update"]);
+        expect(OPERATOR, "secrets", &["get"]);
+        expect(OPERATOR, "events", &["create", "patch"]);
+        expect(OPERATOR, "jobs", &[]);
+        expect(OPERATOR, "pods", &[]);
+        expect(OPERATOR, "leases", &[]);
+        // Jobs, their pods, and the leader Lease only in the release namespace.
         expect(
-            "-operator",
+            OPERATOR_NS,
             "jobs",
             &["create", "get", "list", "watch", "delete"],
         );
-        expect("-operator", "pods", &["get", "list", "watch"]);
-        expect("-operator", "events", &["create", "patch"]);
-        expect(
-            "-operator-leader-election",
-            "leases",
-            &["get", "create", "update"],
-        );
+        expect(OPERATOR_NS, "pods", &["get", "list", "watch"]);
+        expect(OPERATOR_NS, "leases", &["get", "create", "update", "patch"]);
+        match executor {
+            "job" => expect(OPERATOR_NS, "secrets", &["create"]),
+            _ => expect(OPERATOR_NS, "secrets", &[]),
+        }
         // The node plugin (docs/csi.md): exactly what kube_access.rs calls.
-        expect("-node", "nodes", &["get"]);
-        expect("-node", "sealedvolumeversions", &["list"]);
-        expect("-node", "sealedvolumes", &["get"]);
-        expect("-node", "events", &["create"]);
-        expect("-node", "secrets", &[]);
+        expect(NODE, "nodes", &["get"]);
+        expect(NODE, "sealedvolumeversions", &["list"]);
+        expect(NODE, "sealedvolumes", &["get"]);
+        expect(NODE, "events", &["create"]);
+        expect(NODE, "secrets", &[]);
     }
+    // Without leader election there is no Lease access at all.
+    let rules = rules(&render(&helm, &["operator.leaderElect=false"])?)?;
+    assert!(grants(&rules, "", "leases").is_empty());
     Ok(())
 }
 
@@ -670,6 +675,8 @@ fn node_plugin_mounts_and_flags_follow_the_values() -> Result<()> {
             c.name
         );
     }
+    // The operator hands the same Secret to sync Jobs.
+    assert_eq!(flag(operator, "--store-secret"), Some(secret_name.clone()));
     let docs = render(&helm, &["store.existingSecret=my-store"])?;
     assert!(of_kind(&docs, "Secret").is_empty());
     assert!(
