@@ -109,6 +109,12 @@ pub enum Error {
     },
 
     #[error(
+        "store {store}: garbage collection stopped before {what}: its gc/running marker could not \
+         be renewed in time, so writers may have resumed; nothing more was deleted, run it again"
+    )]
+    GcMarkerLapsed { store: String, what: String },
+
+    #[error(
         "version {digest} was deleted and garbage collection has reclaimed it from store {store}; it \
          can no longer be restored (push it again from its source)"
     )]

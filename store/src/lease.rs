@@ -83,8 +83,7 @@ pub struct WriterLease {
     record: LeaseRecord,
     key: ObjectPath,
     ttl: Duration,
-    shared: Arc<Shared>,
-    heartbeat: Option<tokio::task::JoinHandle<()>>,
+    keepalive: Keepalive,
     released: bool,
 }
 
@@ -151,25 +150,15 @@ impl WriterLease {
             };
             let live_marker = marker.filter(|m| m.expires_at > Utc::now());
             let Some(marker) = live_marker else {
-                let shared = Arc::new(Shared {
-                    confirmed_until: Mutex::new(write_start + ttl - skew_margin(ttl)),
-                    lapsed: AtomicBool::new(false),
-                });
-                let heartbeat = tokio::spawn(heartbeat(
-                    store.clone(),
-                    key.clone(),
-                    record.clone(),
-                    ttl,
-                    shared.clone(),
-                ));
+                let keepalive =
+                    Keepalive::start(store, key.clone(), record.clone(), ttl, write_start);
                 tracing::debug!(lease = %id, purpose, "writer lease acquired");
                 return Ok(WriterLease {
                     store: store.clone(),
                     record,
                     key,
                     ttl,
-                    shared,
-                    heartbeat: Some(heartbeat),
+                    keepalive,
                     released: false,
                 });
             };
@@ -213,28 +202,22 @@ impl WriterLease {
     /// was acquired. Call it just before writing anything that makes chunks reachable (a
     /// manifest): a lapsed lease means a garbage collection may have swept meanwhile.
     pub fn ensure_live(&self) -> Result<()> {
-        match self.shared.live_until() {
-            Some(until) if Instant::now() < until => Ok(()),
-            _ => {
-                self.shared.lapsed.store(true, Ordering::SeqCst);
-                Err(Error::LeaseLapsed {
-                    store: self.store.name().to_owned(),
-                    id: self.record.id.clone(),
-                    purpose: self.record.purpose.clone(),
-                })
-            }
+        if self.keepalive.is_live() {
+            return Ok(());
         }
+        Err(Error::LeaseLapsed {
+            store: self.store.name().to_owned(),
+            id: self.record.id.clone(),
+            purpose: self.record.purpose.clone(),
+        })
     }
 
     /// Stops renewing and deletes the lease object.
     pub async fn release(mut self) -> Result<()> {
         self.released = true;
-        if let Some(h) = self.heartbeat.take() {
-            h.abort();
-            // Wait until the task is gone so a renewal in flight cannot rewrite the object
-            // after the delete below.
-            let _ = h.await;
-        }
+        // Wait until renewal has stopped, so none in flight rewrites the object after the
+        // delete below.
+        self.keepalive.stop().await;
         match self.store.object_store().delete(&self.key).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {
                 tracing::debug!(lease = %self.record.id, "writer lease released");
@@ -247,9 +230,7 @@ impl WriterLease {
 
 impl Drop for WriterLease {
     fn drop(&mut self) {
-        if let Some(h) = self.heartbeat.take() {
-            h.abort();
-        }
+        self.keepalive.abort();
         if self.released {
             return;
         }
@@ -271,10 +252,90 @@ impl std::fmt::Debug for WriterLease {
     }
 }
 
-async fn heartbeat(
+/// A JSON object with an expiry that a [`Keepalive`] rewrites.
+pub(crate) trait Renewable: serde::Serialize + Send + Sync + 'static {
+    fn renew(&mut self, expires_at: DateTime<Utc>);
+}
+
+impl Renewable for LeaseRecord {
+    fn renew(&mut self, expires_at: DateTime<Utc>) {
+        self.expires_at = expires_at;
+    }
+}
+
+impl Renewable for GcMarker {
+    fn renew(&mut self, expires_at: DateTime<Utc>) {
+        self.expires_at = expires_at;
+    }
+}
+
+/// Rewrites an expiring object every TTL/3 and knows, by the local monotonic clock, whether it
+/// has been continuously unexpired since it was first written.
+pub(crate) struct Keepalive {
+    shared: Arc<Shared>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Keepalive {
+    /// `written_at`: when the first write of the object *started* (its expiry was computed
+    /// then).
+    pub(crate) fn start<T: Renewable>(
+        store: &ChunkStore,
+        key: ObjectPath,
+        record: T,
+        ttl: Duration,
+        written_at: Instant,
+    ) -> Self {
+        let shared = Arc::new(Shared {
+            confirmed_until: Mutex::new(written_at + ttl - skew_margin(ttl)),
+            lapsed: AtomicBool::new(false),
+        });
+        let task = tokio::spawn(renew_loop(store.clone(), key, record, ttl, shared.clone()));
+        Keepalive {
+            shared,
+            task: Some(task),
+        }
+    }
+
+    /// True while the object is known to be unexpired (with the skew margin to spare).
+    pub(crate) fn is_live(&self) -> bool {
+        match self.shared.live_until() {
+            Some(until) if Instant::now() < until => true,
+            _ => {
+                self.shared.lapsed.store(true, Ordering::SeqCst);
+                false
+            }
+        }
+    }
+
+    /// Stops renewing without waiting.
+    pub(crate) fn abort(&mut self) {
+        if let Some(h) = self.task.take() {
+            h.abort();
+        }
+    }
+
+    /// Stops renewing; once this returns no renewal can land any more.
+    pub(crate) async fn stop(&mut self) {
+        if let Some(h) = self.task.take() {
+            h.abort();
+            let _ = h.await;
+        }
+    }
+}
+
+impl Drop for Keepalive {
+    fn drop(&mut self) {
+        if let Some(h) = self.task.take() {
+            h.abort();
+        }
+    }
+}
+
+async fn renew_loop<T: Renewable>(
     store: ChunkStore,
     key: ObjectPath,
-    mut record: LeaseRecord,
+    mut record: T,
     ttl: Duration,
     shared: Arc<Shared>,
 ) {
@@ -286,25 +347,24 @@ async fn heartbeat(
         };
         let start = Instant::now();
         if start >= deadline {
-            tracing::warn!(lease = %record.id, "writer lease lapsed before it could be renewed");
+            tracing::warn!(%key, "lapsed before it could be renewed");
             shared.lapsed.store(true, Ordering::SeqCst);
             return;
         }
-        record.expires_at = Utc::now() + chrono_duration(ttl);
+        record.renew(Utc::now() + chrono_duration(ttl));
         match write_json(&store, &key, &record).await {
+            // Continuity: the renewal landed before the previous expiry.
             Ok(()) if Instant::now() < deadline => {
                 if let Ok(mut until) = shared.confirmed_until.lock() {
                     *until = start + ttl - margin;
                 }
             }
             Ok(()) => {
-                tracing::warn!(lease = %record.id, "writer lease renewed too late; it lapsed");
+                tracing::warn!(%key, "renewed too late; it lapsed");
                 shared.lapsed.store(true, Ordering::SeqCst);
                 return;
             }
-            Err(e) => {
-                tracing::warn!(lease = %record.id, error = %e, "cannot renew writer lease; retrying");
-            }
+            Err(e) => tracing::warn!(%key, error = %e, "cannot renew; retrying"),
         }
     }
 }

@@ -8,6 +8,7 @@ pub mod chunker;
 pub mod diff;
 pub mod digest;
 pub mod error;
+pub mod gc;
 pub mod ingest;
 pub mod lease;
 pub mod manifest;
@@ -16,6 +17,7 @@ pub mod pull;
 pub mod push;
 pub mod scan;
 pub mod store;
+pub mod trash;
 pub mod verify;
 
 pub use chunker::ChunkParams;
