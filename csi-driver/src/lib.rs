@@ -9,6 +9,7 @@ pub mod error;
 pub mod gpu;
 pub mod identity;
 pub mod kube_access;
+pub mod metrics;
 pub mod mounts;
 pub mod node;
 pub mod registration;

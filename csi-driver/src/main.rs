@@ -8,6 +8,7 @@ use clap::Parser;
 use std::sync::Arc;
 
 use sealed_csi::gpu::GpuExclusion;
+use sealed_csi::metrics::Health;
 use sealed_csi::{Driver, DriverConfig, KubeAccess};
 use sealed_mount::{FetchPolicy, MountOptions, NodeCache, NodeCacheOptions, parse_size};
 use sealed_store::StoreOptions;
@@ -79,6 +80,10 @@ struct Args {
     /// plugin's container mounts it elsewhere
     #[arg(long)]
     kubelet_registration_path: Option<PathBuf>,
+    /// Serve Prometheus /metrics and /healthz over HTTP on this address (e.g. 0.0.0.0:9809);
+    /// off when unset
+    #[arg(long, env = "SEALED_METRICS_ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
     /// Log more (-v info, -vv debug); SEALED_LOG overrides
     #[arg(long, short = 'v', action = clap::ArgAction::Count)]
     verbose: u8,
@@ -154,7 +159,8 @@ async fn main() -> anyhow::Result<()> {
         ..NodeCacheOptions::default()
     })
     .with_context(|| format!("cannot open the node cache {}", args.cache_dir.display()))?;
-    let driver = Driver::new(config, cache, MountOptions::default());
+    let driver = Driver::new(config, cache, MountOptions::default())
+        .context("cannot set up the metrics registry")?;
     driver.clean_stale()?;
     // Open the store now to report a bad URL or credential early; a store that is down is
     // retried on the first publish rather than failing the plugin.
@@ -175,6 +181,25 @@ async fn main() -> anyhow::Result<()> {
         env!("CARGO_PKG_VERSION")
     );
     let registration = start_registration(&args, &socket)?;
+    let health = Arc::new(Health::new(
+        socket.clone(),
+        registration.as_ref().map(|(_, _, path)| path.clone()),
+    ));
+    let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    if let Some(addr) = args.metrics_addr {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("--metrics-addr {addr}: cannot listen"))?;
+        tracing::info!(%addr, "serving /metrics and /healthz");
+        tokio::spawn(sealed_csi::metrics::serve_http(
+            listener,
+            driver.metrics().clone(),
+            health.clone(),
+            async {
+                let _ = http_stopped.await;
+            },
+        ));
+    }
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = sealed_csi::serve(driver, kube, listener, async {
         let _ = stopped.await;
@@ -190,6 +215,9 @@ async fn main() -> anyhow::Result<()> {
     // Stop taking requests; give the ones in flight a moment, but do not wait for clients
     // that keep their connection open (kubelet does).
     tracing::info!("shutting down");
+    health
+        .serving
+        .store(false, std::sync::atomic::Ordering::Relaxed);
     let _ = stop.send(());
     if tokio::time::timeout(Duration::from_secs(5), &mut server)
         .await
@@ -203,6 +231,7 @@ async fn main() -> anyhow::Result<()> {
         // kubelet deregisters the plugin when the socket goes.
         let _ = std::fs::remove_file(&path);
     }
+    let _ = http_stop.send(());
     let _ = std::fs::remove_file(&socket);
     Ok(())
 }

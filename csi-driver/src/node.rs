@@ -248,7 +248,12 @@ impl Node for NodeService {
         request: Request<NodePublishVolumeRequest>,
     ) -> Result<Response<NodePublishVolumeResponse>, Status> {
         let req = request.into_inner();
-        self.publish(&req).await?;
+        let started = std::time::Instant::now();
+        let result = self.publish(&req).await;
+        self.driver
+            .metrics()
+            .observe_publish(started.elapsed(), result.as_ref().err().map(CsiError::code));
+        result?;
         Ok(Response::new(NodePublishVolumeResponse {}))
     }
 
@@ -260,9 +265,14 @@ impl Node for NodeService {
         let volume_id = required(&req.volume_id, "volume_id")?;
         let target = required(&req.target_path, "target_path")?;
         tracing::info!(volume_id, target, "NodeUnpublishVolume");
-        self.driver
+        let result = self
+            .driver
             .unpublish(volume_id, &PathBuf::from(target))
-            .await?;
+            .await;
+        self.driver
+            .metrics()
+            .observe_unpublish(result.as_ref().err().map(CsiError::code));
+        result?;
         Ok(Response::new(NodeUnpublishVolumeResponse {}))
     }
 

@@ -15,6 +15,7 @@ use sealed_store::{ChunkStore, Digest, StoreOptions};
 use tokio::sync::Mutex;
 
 use crate::error::CsiError;
+use crate::metrics::Metrics;
 use crate::mounts;
 
 /// Settings of the node plugin.
@@ -67,17 +68,28 @@ pub struct Driver {
     mount_options: MountOptions,
     store: Mutex<Option<ChunkStore>>,
     mounts: Mutex<Mounts>,
+    metrics: Arc<Metrics>,
 }
 
 impl Driver {
-    pub fn new(config: DriverConfig, cache: NodeCache, mount_options: MountOptions) -> Arc<Self> {
-        Arc::new(Driver {
+    pub fn new(
+        config: DriverConfig,
+        cache: NodeCache,
+        mount_options: MountOptions,
+    ) -> Result<Arc<Self>, prometheus::Error> {
+        let metrics = Arc::new(Metrics::new(cache.metrics().clone())?);
+        Ok(Arc::new(Driver {
             config,
             cache,
             mount_options,
             store: Mutex::new(None),
             mounts: Mutex::new(Mounts::default()),
-        })
+            metrics,
+        }))
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     pub fn config(&self) -> &DriverConfig {
@@ -127,6 +139,13 @@ impl Driver {
     /// Mounts `digest` (once per node) and bind-mounts it read-only onto the target.
     pub async fn publish(&self, req: Publish) -> Result<(), CsiError> {
         let mut mounts = self.mounts.lock().await;
+        let result = self.publish_locked(&mut mounts, req).await;
+        self.metrics
+            .set_counts(mounts.versions.len(), mounts.targets.len());
+        result
+    }
+
+    async fn publish_locked(&self, mounts: &mut Mounts, req: Publish) -> Result<(), CsiError> {
         if let Some(existing) = mounts.targets.get(&req.target) {
             if existing.volume_id == req.volume_id && existing.digest == req.digest {
                 tracing::debug!(target = %req.target.display(), "already published");
@@ -206,6 +225,18 @@ impl Driver {
     /// published (any more) is a success, as the spec asks.
     pub async fn unpublish(&self, volume_id: &str, target: &Path) -> Result<(), CsiError> {
         let mut mounts = self.mounts.lock().await;
+        let result = self.unpublish_locked(&mut mounts, volume_id, target).await;
+        self.metrics
+            .set_counts(mounts.versions.len(), mounts.targets.len());
+        result
+    }
+
+    async fn unpublish_locked(
+        &self,
+        mounts: &mut Mounts,
+        volume_id: &str,
+        target: &Path,
+    ) -> Result<(), CsiError> {
         let Some(publication) = mounts.targets.get(target) else {
             // Unknown here (already unpublished, or left by an earlier run): make sure
             // nothing stays mounted there and the directory is gone.

@@ -1,0 +1,482 @@
+//! Prometheus metrics and `/healthz`, served over HTTP on `--metrics-addr`.
+//!
+//! The plugin's own metrics (mounts, publish latency and errors) live in a [`Metrics`]
+//! registry; the mount crate's [`MountMetrics`] (cache tiers, store fetches, verification) are
+//! read at scrape time by a collector, so `sealed-mount` knows nothing about Prometheus.
+
+use std::convert::Infallible;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
+use prometheus::{
+    Counter, Encoder as _, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
+};
+use sealed_mount::{MetricsSnapshot, MountMetrics};
+use tokio::net::TcpListener;
+use tonic::Code;
+
+/// The plugin's metrics. One per process, shared by the driver and the gRPC services.
+pub struct Metrics {
+    registry: Registry,
+    fuse_mounts: IntGauge,
+    published_volumes: IntGauge,
+    publish_seconds: HistogramVec,
+    publish_errors: IntCounterVec,
+    unpublish_errors: IntCounterVec,
+}
+
+const PUBLISH_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+impl Metrics {
+    /// `mount` is the node cache's counters ([`sealed_mount::NodeCache::metrics`]).
+    pub fn new(mount: Arc<MountMetrics>) -> Result<Metrics, prometheus::Error> {
+        let registry = Registry::new();
+        let fuse_mounts = IntGauge::new(
+            "sealed_csi_fuse_mounts",
+            "FUSE mounts on this node (one per mounted version)",
+        )?;
+        let published_volumes = IntGauge::new(
+            "sealed_csi_published_volumes",
+            "Published volumes (bind mounts into pods) on this node",
+        )?;
+        let publish_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "sealed_csi_publish_duration_seconds",
+                "NodePublishVolume latency, by gRPC code (OK for a success)",
+            )
+            .buckets(PUBLISH_BUCKETS.to_vec()),
+            &["code"],
+        )?;
+        let publish_errors = IntCounterVec::new(
+            Opts::new(
+                "sealed_csi_publish_errors_total",
+                "Failed NodePublishVolume calls, by gRPC code",
+            ),
+            &["code"],
+        )?;
+        let unpublish_errors = IntCounterVec::new(
+            Opts::new(
+                "sealed_csi_unpublish_errors_total",
+                "Failed NodeUnpublishVolume calls, by gRPC code",
+            ),
+            &["code"],
+        )?;
+        registry.register(Box::new(fuse_mounts.clone()))?;
+        registry.register(Box::new(published_volumes.clone()))?;
+        registry.register(Box::new(publish_seconds.clone()))?;
+        registry.register(Box::new(publish_errors.clone()))?;
+        registry.register(Box::new(unpublish_errors.clone()))?;
+        registry.register(Box::new(MountCollector::new(mount)?))?;
+        Ok(Metrics {
+            registry,
+            fuse_mounts,
+            published_volumes,
+            publish_seconds,
+            publish_errors,
+            unpublish_errors,
+        })
+    }
+
+    pub fn set_counts(&self, fuse_mounts: usize, published: usize) {
+        self.fuse_mounts
+            .set(i64::try_from(fuse_mounts).unwrap_or(i64::MAX));
+        self.published_volumes
+            .set(i64::try_from(published).unwrap_or(i64::MAX));
+    }
+
+    /// One NodePublishVolume call: its latency, and its code when it failed.
+    pub fn observe_publish(&self, elapsed: Duration, error: Option<Code>) {
+        let code = code_label(error.unwrap_or(Code::Ok));
+        self.publish_seconds
+            .with_label_values(&[code.as_str()])
+            .observe(elapsed.as_secs_f64());
+        if error.is_some() {
+            self.publish_errors
+                .with_label_values(&[code.as_str()])
+                .inc();
+        }
+    }
+
+    pub fn observe_unpublish(&self, error: Option<Code>) {
+        if let Some(code) = error {
+            self.unpublish_errors
+                .with_label_values(&[code_label(code).as_str()])
+                .inc();
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+            tracing::warn!(error = %e, "encoding metrics failed");
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+}
+
+/// `PermissionDenied`, `Unavailable`, … as gRPC names them.
+fn code_label(code: Code) -> String {
+    format!("{code:?}")
+}
+
+enum Kind {
+    Counter,
+    Gauge,
+}
+
+/// The mount crate's counters without a label: name, help, kind, value.
+type Plain = (
+    &'static str,
+    &'static str,
+    Kind,
+    fn(&MetricsSnapshot) -> u64,
+);
+
+const PLAIN: &[Plain] = &[
+    (
+        "sealed_store_fetches_total",
+        "Chunks fetched from the object store",
+        Kind::Counter,
+        |s| s.store_fetches,
+    ),
+    (
+        "sealed_store_fetched_bytes_total",
+        "Bytes fetched from the object store",
+        Kind::Counter,
+        |s| s.store_bytes_fetched,
+    ),
+    (
+        "sealed_store_fetch_errors_total",
+        "Object-store fetches that failed after their retries",
+        Kind::Counter,
+        |s| s.store_errors,
+    ),
+    (
+        "sealed_store_fetch_timeouts_total",
+        "Object-store fetch attempts that hit the per-attempt timeout",
+        Kind::Counter,
+        |s| s.store_timeouts,
+    ),
+    (
+        "sealed_verification_failures_total",
+        "Chunks whose bytes did not match their digest (never served)",
+        Kind::Counter,
+        |s| s.verification_failures,
+    ),
+    (
+        "sealed_read_bytes_total",
+        "Bytes returned to readers of sealed volumes",
+        Kind::Counter,
+        |s| s.bytes_read,
+    ),
+    (
+        "sealed_read_errors_total",
+        "Reads of sealed volumes answered with EIO",
+        Kind::Counter,
+        |s| s.read_errors,
+    ),
+    (
+        "sealed_disk_cache_evictions_total",
+        "Chunks evicted from the node disk cache",
+        Kind::Counter,
+        |s| s.disk_evictions,
+    ),
+    (
+        "sealed_prefetch_issued_total",
+        "Readahead chunk fetches issued",
+        Kind::Counter,
+        |s| s.prefetch_issued,
+    ),
+    (
+        "sealed_prefetch_skipped_total",
+        "Readahead chunks skipped because the node's prefetch budget was spent",
+        Kind::Counter,
+        |s| s.prefetch_skipped,
+    ),
+    (
+        "sealed_disk_cache_bytes",
+        "Bytes held by the node disk cache",
+        Kind::Gauge,
+        |s| s.disk_cache_bytes,
+    ),
+    (
+        "sealed_memory_cache_bytes",
+        "Bytes held by the in-memory chunk cache",
+        Kind::Gauge,
+        |s| s.memory_cache_bytes,
+    ),
+    (
+        "sealed_store_bytes_in_flight",
+        "Bytes being fetched from the object store now",
+        Kind::Gauge,
+        |s| s.bytes_in_flight,
+    ),
+    (
+        "sealed_prefetch_bytes_in_flight",
+        "Readahead bytes being fetched now",
+        Kind::Gauge,
+        |s| s.prefetch_bytes_in_flight,
+    ),
+];
+
+const HITS: (&str, &str) = (
+    "sealed_cache_hits_total",
+    "Chunk lookups answered by a cache tier (memory, disk)",
+);
+const MISSES: (&str, &str) = (
+    "sealed_cache_misses_total",
+    "Chunk lookups a cache tier could not answer (memory, disk)",
+);
+const FETCH_SECONDS: (&str, &str) = (
+    "sealed_store_fetch_seconds_total",
+    "Time spent in successful object-store fetches (divide by sealed_store_fetches_total)",
+);
+
+/// Reads [`MountMetrics`] at scrape time.
+struct MountCollector {
+    metrics: Arc<MountMetrics>,
+    descs: Vec<Desc>,
+}
+
+impl MountCollector {
+    fn new(metrics: Arc<MountMetrics>) -> Result<Self, prometheus::Error> {
+        let mut descs = Vec::new();
+        for (name, help, _, _) in PLAIN {
+            descs.push(Desc::new(
+                (*name).into(),
+                (*help).into(),
+                vec![],
+                Default::default(),
+            )?);
+        }
+        for (name, help) in [HITS, MISSES] {
+            descs.push(Desc::new(
+                name.into(),
+                help.into(),
+                vec!["tier".into()],
+                Default::default(),
+            )?);
+        }
+        descs.push(Desc::new(
+            FETCH_SECONDS.0.into(),
+            FETCH_SECONDS.1.into(),
+            vec![],
+            Default::default(),
+        )?);
+        Ok(MountCollector { metrics, descs })
+    }
+
+    fn families(&self) -> Result<Vec<MetricFamily>, prometheus::Error> {
+        let s = self.metrics.snapshot();
+        let mut families = Vec::new();
+        for (name, help, kind, value) in PLAIN {
+            let v = value(&s);
+            families.extend(match kind {
+                Kind::Counter => {
+                    let c = IntCounter::new(*name, *help)?;
+                    c.inc_by(v);
+                    c.collect()
+                }
+                Kind::Gauge => {
+                    let g = IntGauge::new(*name, *help)?;
+                    g.set(i64::try_from(v).unwrap_or(i64::MAX));
+                    g.collect()
+                }
+            });
+        }
+        for ((name, help), memory, disk) in [
+            (HITS, s.memory_hits, s.disk_hits),
+            (MISSES, s.memory_misses, s.disk_misses),
+        ] {
+            let c = IntCounterVec::new(Opts::new(name, help), &["tier"])?;
+            c.with_label_values(&["memory"]).inc_by(memory);
+            c.with_label_values(&["disk"]).inc_by(disk);
+            families.extend(c.collect());
+        }
+        let c = Counter::new(FETCH_SECONDS.0, FETCH_SECONDS.1)?;
+        c.inc_by(s.fetch_latency_us_sum as f64 / 1e6);
+        families.extend(c.collect());
+        Ok(families)
+    }
+}
+
+impl Collector for MountCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        self.families().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "collecting mount metrics failed");
+            Vec::new()
+        })
+    }
+}
+
+/// What `/healthz` checks.
+pub struct Health {
+    /// The CSI socket: healthy only while Identity.Probe answers on it.
+    pub csi_socket: PathBuf,
+    /// The kubelet registration socket, when the plugin registers itself: it must exist.
+    pub registration_socket: Option<PathBuf>,
+    /// Cleared when the plugin starts shutting down.
+    pub serving: AtomicBool,
+}
+
+impl Health {
+    pub fn new(csi_socket: PathBuf, registration_socket: Option<PathBuf>) -> Self {
+        Health {
+            csi_socket,
+            registration_socket,
+            serving: AtomicBool::new(true),
+        }
+    }
+
+    /// `Ok` with a short text when healthy, else why not.
+    pub async fn check(&self) -> Result<String, String> {
+        if !self.serving.load(Ordering::Relaxed) {
+            return Err("shutting down".into());
+        }
+        if let Some(path) = &self.registration_socket
+            && !path.exists()
+        {
+            return Err(format!(
+                "the kubelet registration socket {} is gone",
+                path.display()
+            ));
+        }
+        let probe = tokio::time::timeout(Duration::from_secs(3), probe(&self.csi_socket)).await;
+        match probe {
+            Ok(Ok(())) => Ok("ok: the CSI gRPC server answers Probe".into()),
+            Ok(Err(e)) => Err(format!(
+                "the CSI gRPC server on {} does not answer Probe: {e}",
+                self.csi_socket.display()
+            )),
+            Err(_) => Err(format!(
+                "the CSI gRPC server on {} did not answer Probe within 3 s",
+                self.csi_socket.display()
+            )),
+        }
+    }
+}
+
+/// Identity.Probe over the CSI socket, as kubelet's liveness-probe sidecar would.
+async fn probe(socket: &std::path::Path) -> Result<(), String> {
+    let socket = socket.to_path_buf();
+    let channel = tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let socket = socket.clone();
+            async move {
+                Ok::<_, std::io::Error>(TokioIo::new(
+                    tokio::net::UnixStream::connect(socket).await?,
+                ))
+            }
+        }))
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let mut client = crate::csi::identity_client::IdentityClient::new(channel);
+    let response = client
+        .probe(crate::csi::ProbeRequest {})
+        .await
+        .map_err(|e| e.message().to_string())?;
+    match response.into_inner().ready {
+        Some(false) => Err("Probe says not ready".into()),
+        _ => Ok(()),
+    }
+}
+
+/// Serves `GET /metrics` and `GET /healthz` (HTTP/1.1) until `shutdown` completes.
+pub async fn serve_http(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    shutdown: impl Future<Output = ()> + Send,
+) {
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = &mut shutdown => return,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics listener: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let metrics = metrics.clone();
+        let health = health.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let metrics = metrics.clone();
+                let health = health.clone();
+                async move { Ok::<_, Infallible>(route(req, &metrics, &health).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "metrics connection ended");
+            }
+        });
+    }
+}
+
+async fn route(
+    req: Request<Incoming>,
+    metrics: &Metrics,
+    health: &Health,
+) -> Response<Full<Bytes>> {
+    let reply = |status: StatusCode, content_type: &str, body: String| {
+        let mut response = Response::new(Full::new(Bytes::from(body)));
+        *response.status_mut() = status;
+        if let Ok(v) = content_type.parse() {
+            response
+                .headers_mut()
+                .insert(hyper::header::CONTENT_TYPE, v);
+        }
+        response
+    };
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "GET only\n".into(),
+        );
+    }
+    match req.uri().path() {
+        "/metrics" => reply(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            metrics.render(),
+        ),
+        "/healthz" => match health.check().await {
+            Ok(text) => reply(StatusCode::OK, "text/plain", format!("{text}\n")),
+            Err(why) => {
+                tracing::warn!(%why, "healthz: unhealthy");
+                reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    format!("unhealthy: {why}\n"),
+                )
+            }
+        },
+        _ => reply(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found: try /metrics or /healthz\n".into(),
+        ),
+    }
+}
