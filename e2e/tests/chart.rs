@@ -563,6 +563,13 @@ fn only_the_plugin_container_is_privileged() -> Result<()> {
                 None,
                 "one registration, not two"
             );
+            let registry = pod_spec(&ds)
+                .volumes
+                .iter()
+                .flatten()
+                .filter_map(|v| v.host_path.as_ref())
+                .any(|h| h.path == "/var/lib/kubelet/plugins_registry");
+            assert!(registry, "the registrar needs kubelet's plugins_registry");
         } else {
             assert_eq!(names, ["plugin"]);
             assert_eq!(
@@ -635,7 +642,6 @@ fn node_plugin_mounts_and_flags_follow_the_values() -> Result<()> {
         .collect();
     for want in [
         "/var/lib/kubelet",
-        "/var/lib/kubelet/plugins_registry",
         "/var/lib/kubelet/plugins/csi.sealedvolumes.io",
         "/dev/fuse",
         "/var/lib/sealed-volumes/cache",
