@@ -38,6 +38,11 @@ pub const API_VERSION: &str = "sealedvolumes.io/v1alpha1";
 /// The label the operator puts on a `SealedVolumeVersion` naming its `SealedVolume`.
 pub const VOLUME_LABEL: &str = "sealedvolumes.io/volume";
 
+/// Set this annotation on a `SealedVolume` (to any new value, e.g. the time) to sync its
+/// source again although the spec did not change: `kubectl annotate svol NAME
+/// sealedvolumes.io/resync="$(date -Is)" --overwrite`.
+pub const RESYNC_ANNOTATION: &str = "sealedvolumes.io/resync";
+
 /// The CRDs of this crate, in a stable order.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![SealedVolume::crd(), SealedVolumeVersion::crd()]

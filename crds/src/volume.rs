@@ -436,6 +436,11 @@ impl SealedVolumeStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SyncProgress {
+    /// What started this sync: the spec generation and the value of the
+    /// `sealedvolumes.io/resync` annotation, e.g. "generation=3,resync=2026-11-30T10:00:00Z".
+    /// The operator starts a new sync when this differs from the current one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<String>,
     /// The source revision being synced (a Hugging Face commit, or a summary of object ETags).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revision: Option<String>,

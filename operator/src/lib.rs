@@ -1,1 +1,14 @@
-//! Reconcilers for SealedVolume resources (not built yet).
+//! The Sealed Volumes operator: reconcilers for `SealedVolume` and `SealedVolumeVersion`,
+//! syncs (inline or as Jobs), deletion to the store's trash, garbage collection, metrics.
+
+pub mod config;
+pub mod context;
+pub mod controller;
+pub mod error;
+pub mod gc_loop;
+pub mod http;
+pub mod metrics;
+pub mod source_adapter;
+pub mod sync;
+pub mod version;
+pub mod volume;

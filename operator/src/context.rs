@@ -1,0 +1,83 @@
+//! What every reconcile shares.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Client;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use sealed_store::ChunkStore;
+
+use crate::config::OperatorConfig;
+use crate::metrics::Metrics;
+use crate::sync::inline::InlineExecutor;
+use crate::sync::job::JobExecutor;
+
+/// The name the operator uses as field manager and event reporter.
+pub const MANAGER: &str = "sealed-operator";
+
+pub struct Context {
+    pub client: Client,
+    pub config: OperatorConfig,
+    pub store: ChunkStore,
+    pub metrics: Arc<Metrics>,
+    pub recorder: Recorder,
+    pub executor: Executor,
+}
+
+/// Where syncs run (see [`crate::config::SyncExecutor`]).
+pub enum Executor {
+    Inline(InlineExecutor),
+    Job(Box<JobExecutor>),
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        config: OperatorConfig,
+        store: ChunkStore,
+        metrics: Arc<Metrics>,
+        executor: Executor,
+    ) -> Self {
+        let instance = std::env::var("POD_NAME").ok();
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: MANAGER.into(),
+                instance,
+            },
+        );
+        Context {
+            client,
+            config,
+            store,
+            metrics,
+            recorder,
+            executor,
+        }
+    }
+
+    /// Records an Event; failing to record one is logged, never fatal.
+    pub async fn event(
+        &self,
+        reference: &ObjectReference,
+        warning: bool,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let event = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.into(),
+            note: Some(note),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, reference).await {
+            tracing::warn!(error = %e, reason, "cannot record event");
+        }
+    }
+}

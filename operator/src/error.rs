@@ -1,0 +1,23 @@
+//! Errors of the reconcilers. Each says what failed and on which object.
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+
+    #[error("store: {0}")]
+    Store(#[from] sealed_store::Error),
+
+    #[error("{object}: {message}")]
+    Invalid { object: String, message: String },
+
+    #[error("sync Job {job}: {message}")]
+    Job { job: String, message: String },
+
+    #[error("finalizer of {object}: {message}")]
+    Finalizer { object: String, message: String },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,295 @@
+//! `sealed-operator`: `run` the controllers, or `sync` one volume (what a sync Job runs).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand};
+use kube_lease_manager::LeaseManagerBuilder;
+use sealed_crds::Source;
+use sealed_operator::config::{OperatorConfig, SyncExecutor, SyncResources};
+use sealed_operator::sync::job::EXIT_PERMANENT;
+use sealed_operator::sync::{Counters, Credentials, SyncFailure, SyncRequest, Termination};
+use sealed_operator::{controller, http, metrics::Metrics};
+use sealed_store::{ChunkStore, StoreOptions};
+
+#[derive(Parser)]
+#[command(name = "sealed-operator", version, about = "Sealed Volumes operator")]
+struct Cli {
+    /// Log as JSON lines (for log collectors) instead of text
+    #[arg(long, global = true, env = "SEALED_LOG_JSON")]
+    log_json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the controllers (SealedVolume, SealedVolumeVersion, garbage collection)
+    Run(RunArgs),
+    /// Sync one volume's source into the store and report the digest (run by sync Jobs)
+    Sync(SyncArgs),
+}
+
+#[derive(Args)]
+struct StoreArgs {
+    /// Store URL: s3://bucket/prefix, gs://bucket/prefix, az://container/prefix, file:///dir
+    #[arg(long, env = "SEALED_STORE")]
+    store: String,
+    /// Endpoint of an S3-compatible server (MinIO, R2, CoreWeave) or an Azure emulator
+    #[arg(long, env = "SEALED_STORE_ENDPOINT")]
+    store_endpoint: Option<String>,
+    /// Region of the store's bucket
+    #[arg(long, env = "SEALED_STORE_REGION")]
+    store_region: Option<String>,
+}
+
+impl StoreArgs {
+    fn options(&self) -> StoreOptions {
+        StoreOptions {
+            endpoint: self.store_endpoint.clone().filter(|s| !s.is_empty()),
+            region: self.store_region.clone().filter(|s| !s.is_empty()),
+            ..Default::default()
+        }
+    }
+
+    async fn open(&self) -> anyhow::Result<ChunkStore> {
+        ChunkStore::open(&self.store, &self.options())
+            .await
+            .with_context(|| format!("cannot open store {}", self.store))
+    }
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// Secret (in the operator's namespace) with the store's credentials, given to sync Jobs
+    #[arg(long, env = "SEALED_STORE_SECRET")]
+    store_secret: Option<String>,
+    /// Where syncs run
+    #[arg(long, value_enum, default_value_t = SyncExecutor::Job, env = "SEALED_SYNC_EXECUTOR")]
+    sync_executor: SyncExecutor,
+    /// Image of sync Jobs (the operator's own image)
+    #[arg(long, env = "SEALED_SYNC_IMAGE", default_value = "")]
+    sync_image: String,
+    #[arg(long, env = "SEALED_SYNC_CPU_REQUEST")]
+    sync_cpu_request: Option<String>,
+    #[arg(long, env = "SEALED_SYNC_MEMORY_REQUEST")]
+    sync_memory_request: Option<String>,
+    #[arg(long, env = "SEALED_SYNC_CPU_LIMIT")]
+    sync_cpu_limit: Option<String>,
+    #[arg(long, env = "SEALED_SYNC_MEMORY_LIMIT")]
+    sync_memory_limit: Option<String>,
+    /// The operator's namespace: sync Jobs and the leader Lease live here
+    #[arg(long, env = "POD_NAMESPACE", default_value = "sealed-volumes")]
+    namespace: String,
+    /// Reconcile only this namespace's volumes (default: every namespace)
+    #[arg(long, env = "SEALED_WATCH_NAMESPACE")]
+    watch_namespace: Option<String>,
+    /// Run only while holding the leader Lease (for more than one replica)
+    #[arg(long, env = "SEALED_LEADER_ELECT")]
+    leader_elect: bool,
+    /// Name of the leader Lease
+    #[arg(long, default_value = "sealed-operator")]
+    lease_name: String,
+    /// Address of /metrics and /healthz
+    #[arg(long, default_value = "0.0.0.0:8080", env = "SEALED_METRICS_ADDR")]
+    metrics_addr: SocketAddr,
+    /// How often garbage collection runs (a duration such as 1h; 0 turns it off)
+    #[arg(long, default_value = "1h", value_parser = parse_duration, env = "SEALED_GC_INTERVAL")]
+    gc_interval: Duration,
+    /// Report what garbage collection would delete, delete nothing
+    #[arg(long, env = "SEALED_GC_DRY_RUN")]
+    gc_dry_run: bool,
+    /// Unreferenced chunks younger than this are kept
+    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    gc_grace: Duration,
+    /// How often to look for versions pushed with `sealed push --volume`
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    upload_poll: Duration,
+}
+
+#[derive(Args)]
+struct SyncArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// The volume, NAMESPACE/NAME
+    #[arg(long)]
+    volume: String,
+    /// spec.source of the SealedVolume, as JSON
+    #[arg(long)]
+    source: String,
+    /// What started the sync (recorded in logs)
+    #[arg(long, default_value = "")]
+    trigger: String,
+    /// Where the outcome is written for the operator to read
+    #[arg(long, default_value = "/dev/termination-log")]
+    termination_log: std::path::PathBuf,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    sealed_crds::validate::parse_duration(s)
+        .ok_or_else(|| format!("{s:?} is not a duration such as 1h, 30m, 90s or 0"))
+}
+
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_json);
+    let result = match cli.command {
+        Command::Run(args) => run(args).await.map(|()| 0),
+        Command::Sync(args) => sync(args).await,
+    };
+    match result {
+        Ok(code) => std::process::ExitCode::from(code),
+        Err(e) => {
+            eprintln!("sealed-operator: {e:#}");
+            std::process::ExitCode::from(1)
+        }
+    }
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    if args.sync_executor == SyncExecutor::Job && args.sync_image.is_empty() {
+        anyhow::bail!(
+            "--sync-image is required with --sync-executor job (the operator's own image)"
+        );
+    }
+    let store = args.store.open().await?;
+    let config = OperatorConfig {
+        store_url: args.store.store.clone(),
+        store_options: args.store.options(),
+        store_secret: args.store_secret.filter(|s| !s.is_empty()),
+        executor: args.sync_executor,
+        sync_image: args.sync_image,
+        namespace: args.namespace,
+        watch_namespace: args.watch_namespace.filter(|s| !s.is_empty()),
+        sync_resources: SyncResources {
+            cpu_request: args.sync_cpu_request,
+            memory_request: args.sync_memory_request,
+            cpu_limit: args.sync_cpu_limit,
+            memory_limit: args.sync_memory_limit,
+        },
+        upload_poll: args.upload_poll.max(Duration::from_secs(1)),
+        gc_interval: args.gc_interval,
+        gc_dry_run: args.gc_dry_run,
+        gc_grace: args.gc_grace,
+    };
+    let client = kube::Client::try_default()
+        .await
+        .context("cannot reach the Kubernetes API server (in-cluster config or KUBECONFIG)")?;
+    let metrics = Arc::new(Metrics::new());
+    let health = http::Health::default();
+    http::serve(args.metrics_addr, metrics.clone(), health.clone()).await?;
+
+    if args.leader_elect {
+        let identity = std::env::var("POD_NAME")
+            .unwrap_or_else(|_| format!("sealed-operator-{}", std::process::id()));
+        let manager = LeaseManagerBuilder::new(client.clone(), &args.lease_name)
+            .with_namespace(&config.namespace)
+            .with_identity(&identity)
+            .with_duration(15)
+            .with_grace(5)
+            .build()
+            .await
+            .context("cannot set up leader election")?;
+        let (mut leader, _task) = manager.watch().await;
+        health.set(true);
+        tracing::info!(lease = %args.lease_name, %identity, "waiting to become leader");
+        while !*leader.borrow_and_update() {
+            leader.changed().await.context("leader election stopped")?;
+        }
+        metrics.leader.set(1);
+        tracing::info!("became leader");
+        tokio::select! {
+            r = controller::run(client, config, store, metrics.clone()) => r?,
+            _ = async {
+                loop {
+                    if leader.changed().await.is_err() || !*leader.borrow_and_update() {
+                        break;
+                    }
+                }
+            } => {
+                metrics.leader.set(0);
+                // Another replica leads now; stopping is safer than racing it.
+                anyhow::bail!("lost the leader lease; exiting so that one replica runs the controllers");
+            }
+        }
+    } else {
+        health.set(true);
+        metrics.leader.set(1);
+        controller::run(client, config, store, metrics).await?;
+    }
+    health.set(false);
+    Ok(())
+}
+
+/// One sync, as a Job runs it: progress as JSON lines on stdout, the outcome as JSON in the
+/// termination log; exit 0, 1 (worth a retry) or 3 (a retry cannot help).
+async fn sync(args: SyncArgs) -> anyhow::Result<u8> {
+    let (namespace, name) = args
+        .volume
+        .split_once('/')
+        .with_context(|| format!("--volume {:?} must be NAMESPACE/NAME", args.volume))?;
+    let source: Source =
+        serde_json::from_str(&args.source).context("--source is not a spec.source JSON object")?;
+    let request = SyncRequest {
+        namespace: namespace.into(),
+        name: name.into(),
+        source,
+        trigger: args.trigger.clone(),
+    };
+    let credentials = Credentials::from_env(std::env::vars());
+    let counters = Arc::new(Counters::default());
+    let reporter = {
+        let counters = counters.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                tick.tick().await;
+                let snapshot = counters.snapshot();
+                if let Ok(line) = serde_json::to_string(&serde_json::json!({"progress": snapshot}))
+                {
+                    println!("{line}");
+                }
+            }
+        })
+    };
+    let result = match args.store.open().await {
+        Ok(store) => sealed_operator::sync::run(&store, &request, &credentials, counters).await,
+        Err(e) => Err(SyncFailure::transient("StoreUnavailable", format!("{e:#}"))),
+    };
+    reporter.abort();
+    let (termination, code) = match result {
+        Ok(outcome) => (Termination::Succeeded(outcome), 0),
+        Err(failure) => {
+            let code = if failure.permanent {
+                EXIT_PERMANENT as u8
+            } else {
+                1
+            };
+            (Termination::Failed(failure), code)
+        }
+    };
+    let json = serde_json::to_string(&termination)?;
+    println!("{json}");
+    if let Err(e) = std::fs::write(&args.termination_log, &json) {
+        tracing::warn!(path = %args.termination_log.display(), error = %e, "cannot write the termination log");
+    }
+    Ok(code)
+}

@@ -1,0 +1,96 @@
+//! Prometheus metrics of the operator, served on `/metrics`.
+
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub reconciles: IntCounterVec,
+    pub syncs_started: IntCounter,
+    pub syncs_finished: IntCounterVec,
+    pub syncs_running: IntGauge,
+    pub sync_bytes_new: IntCounter,
+    pub sync_bytes_reused: IntCounter,
+    pub versions_trashed: IntCounter,
+    pub gc_runs: IntCounterVec,
+    pub gc_bytes_freed: IntCounter,
+    pub gc_chunks_deleted: IntCounter,
+    pub leader: IntGauge,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry =
+            Registry::new_custom(Some("sealed_operator".into()), None).unwrap_or_default();
+        let counter = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}"));
+            let _ = registry.register(Box::new(c.clone()));
+            c
+        };
+        let vec = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels)
+                .unwrap_or_else(|e| panic!("metric {name}: {e}"));
+            let _ = registry.register(Box::new(c.clone()));
+            c
+        };
+        let gauge = |name: &str, help: &str| {
+            let g = IntGauge::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}"));
+            let _ = registry.register(Box::new(g.clone()));
+            g
+        };
+        Metrics {
+            reconciles: vec(
+                "reconciles_total",
+                "Reconciles by kind and result",
+                &["kind", "result"],
+            ),
+            syncs_started: counter("syncs_started_total", "Syncs started"),
+            syncs_finished: vec(
+                "syncs_finished_total",
+                "Syncs finished, by result (Succeeded or the failure reason)",
+                &["result"],
+            ),
+            syncs_running: gauge("syncs_running", "Inline syncs running in this process"),
+            sync_bytes_new: counter(
+                "sync_bytes_uploaded_total",
+                "Bytes of chunks uploaded by finished syncs",
+            ),
+            sync_bytes_reused: counter(
+                "sync_bytes_reused_total",
+                "Bytes of chunks finished syncs found already in the store",
+            ),
+            versions_trashed: counter(
+                "versions_trashed_total",
+                "Deleted versions moved to the trash",
+            ),
+            gc_runs: vec(
+                "gc_runs_total",
+                "Garbage collection runs by result",
+                &["result"],
+            ),
+            gc_bytes_freed: counter(
+                "gc_bytes_freed_total",
+                "Bytes of unreferenced chunks deleted by garbage collection",
+            ),
+            gc_chunks_deleted: counter(
+                "gc_chunks_deleted_total",
+                "Unreferenced chunks deleted by garbage collection",
+            ),
+            leader: gauge("leader", "1 while this replica holds the leader lease"),
+            registry,
+        }
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let encoder = prometheus::TextEncoder::new();
+        encoder
+            .encode_to_string(&self.registry.gather())
+            .unwrap_or_else(|e| format!("# cannot encode metrics: {e}\n"))
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

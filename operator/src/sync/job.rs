@@ -1,0 +1,311 @@
+//! The Job executor: each sync is a Kubernetes Job in the operator's namespace running
+//! `sealed-operator sync`. The Job gets the store's credentials (the operator's store Secret)
+//! and the source's (a Secret of its own, owned by the Job, so it goes when the Job does),
+//! no Kubernetes API access, and reports its outcome as JSON in its termination message.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::batch::v1::{
+    Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnExitCodesRequirement, PodFailurePolicyRule,
+};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, EnvFromSource, EnvVar, Pod, PodSecurityContext, PodSpec,
+    PodTemplateSpec, ResourceRequirements, Secret, SecretEnvSource, SecurityContext,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{ListParams, PostParams};
+use kube::{Api, Client};
+
+use super::{Credentials, SyncFailure, SyncRequest, SyncState, Termination};
+use crate::config::OperatorConfig;
+use crate::error::{Error, Result};
+
+/// Exit code of `sealed-operator sync` for failures a retry cannot fix (missing repo, bad
+/// credentials): the Job's pod failure policy fails the Job at once instead of retrying.
+pub const EXIT_PERMANENT: i32 = 3;
+
+pub const LABEL_VOLUME_NAMESPACE: &str = "sealedvolumes.io/volume-namespace";
+pub const LABEL_VOLUME_NAME: &str = "sealedvolumes.io/volume-name";
+pub const ANNOTATION_TRIGGER: &str = "sealedvolumes.io/trigger";
+const CONTAINER: &str = "sync";
+
+pub struct JobExecutor {
+    client: Client,
+    config: OperatorConfig,
+}
+
+impl JobExecutor {
+    pub fn new(client: Client, config: OperatorConfig) -> Self {
+        JobExecutor { client, config }
+    }
+
+    fn jobs(&self) -> Api<Job> {
+        Api::namespaced(self.client.clone(), &self.config.namespace)
+    }
+
+    /// The Job of one sync: `sync-<volume>-<hash of namespace, name and trigger>`, at most
+    /// 63 characters (Job names become pod labels).
+    pub fn job_name(request: &SyncRequest) -> String {
+        let id = format!("{}/{}/{}", request.namespace, request.name, request.trigger);
+        let hash = sealed_store::Digest::of(id.as_bytes()).hex();
+        let name: String = request.name.chars().take(40).collect();
+        format!("sync-{}-{}", name.trim_end_matches(['-', '.']), &hash[..12])
+    }
+
+    /// Creates the Job (and its credentials Secret). Creating it again is a no-op.
+    pub async fn start(&self, request: &SyncRequest, credentials: &Credentials) -> Result<String> {
+        let name = Self::job_name(request);
+        let job = self.job(request, &name, !credentials.to_env().is_empty())?;
+        let created = match self.jobs().create(&PostParams::default(), &job).await {
+            Ok(job) => job,
+            Err(kube::Error::Api(e)) if e.code == 409 => self.jobs().get(&name).await?,
+            Err(e) => return Err(e.into()),
+        };
+        let env = credentials.to_env();
+        if !env.is_empty() {
+            let owner = OwnerReference {
+                api_version: "batch/v1".into(),
+                kind: "Job".into(),
+                name: name.clone(),
+                uid: created.metadata.uid.clone().unwrap_or_default(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            };
+            let secret = Secret {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    namespace: Some(self.config.namespace.clone()),
+                    labels: Some(labels(request)),
+                    owner_references: Some(vec![owner]),
+                    ..Default::default()
+                },
+                string_data: Some(env),
+                type_: Some("Opaque".into()),
+                ..Default::default()
+            };
+            let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.config.namespace);
+            match secrets.create(&PostParams::default(), &secret).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(name)
+    }
+
+    fn job(&self, request: &SyncRequest, name: &str, has_secret: bool) -> Result<Job> {
+        let cfg = &self.config;
+        let source = serde_json::to_string(&request.source).map_err(|e| Error::Invalid {
+            object: request.volume(),
+            message: format!("cannot encode spec.source: {e}"),
+        })?;
+        let mut args = vec![
+            "sync".to_string(),
+            "--volume".into(),
+            request.volume(),
+            "--source".into(),
+            source,
+            "--trigger".into(),
+            request.trigger.clone(),
+            "--store".into(),
+            cfg.store_url.clone(),
+        ];
+        if let Some(endpoint) = &cfg.store_options.endpoint {
+            args.extend(["--store-endpoint".into(), endpoint.clone()]);
+        }
+        if let Some(region) = &cfg.store_options.region {
+            args.extend(["--store-region".into(), region.clone()]);
+        }
+        let mut env_from = Vec::new();
+        if let Some(secret) = &cfg.store_secret {
+            env_from.push(secret_env(secret));
+        }
+        if has_secret {
+            env_from.push(secret_env(name));
+        }
+        let r = &cfg.sync_resources;
+        let quantities = |cpu: &Option<String>, mem: &Option<String>| {
+            let mut m = BTreeMap::new();
+            if let Some(c) = cpu {
+                m.insert("cpu".to_string(), Quantity(c.clone()));
+            }
+            if let Some(v) = mem {
+                m.insert("memory".to_string(), Quantity(v.clone()));
+            }
+            (!m.is_empty()).then_some(m)
+        };
+        let container = Container {
+            name: CONTAINER.into(),
+            image: Some(cfg.sync_image.clone()),
+            image_pull_policy: Some("IfNotPresent".into()),
+            command: Some(vec!["sealed-operator".into()]),
+            args: Some(args),
+            env: Some(vec![EnvVar {
+                name: "RUST_LOG".into(),
+                value: Some("info".into()),
+                ..Default::default()
+            }]),
+            env_from: Some(env_from),
+            resources: Some(ResourceRequirements {
+                requests: quantities(&r.cpu_request, &r.memory_request),
+                limits: quantities(&r.cpu_limit, &r.memory_limit),
+                ..Default::default()
+            }),
+            security_context: Some(SecurityContext {
+                allow_privilege_escalation: Some(false),
+                read_only_root_filesystem: Some(true),
+                capabilities: Some(Capabilities {
+                    drop: Some(vec!["ALL".into()]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            termination_message_policy: Some("File".into()),
+            ..Default::default()
+        };
+        let mut annotations = BTreeMap::new();
+        annotations.insert(ANNOTATION_TRIGGER.to_string(), request.trigger.clone());
+        Ok(Job {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(cfg.namespace.clone()),
+                labels: Some(labels(request)),
+                annotations: Some(annotations),
+                ..Default::default()
+            },
+            spec: Some(JobSpec {
+                backoff_limit: Some(3),
+                ttl_seconds_after_finished: Some(24 * 3600),
+                pod_failure_policy: Some(PodFailurePolicy {
+                    rules: vec![PodFailurePolicyRule {
+                        action: "FailJob".into(),
+                        on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
+                            container_name: Some(CONTAINER.into()),
+                            operator: "In".into(),
+                            values: vec![EXIT_PERMANENT],
+                        }),
+                        on_pod_conditions: None,
+                    }],
+                }),
+                template: PodTemplateSpec {
+                    metadata: Some(ObjectMeta {
+                        labels: Some(labels(request)),
+                        ..Default::default()
+                    }),
+                    spec: Some(PodSpec {
+                        restart_policy: Some("Never".into()),
+                        automount_service_account_token: Some(false),
+                        enable_service_links: Some(false),
+                        security_context: Some(PodSecurityContext {
+                            run_as_non_root: Some(true),
+                            run_as_user: Some(65532),
+                            run_as_group: Some(65532),
+                            ..Default::default()
+                        }),
+                        containers: vec![container],
+                        ..Default::default()
+                    }),
+                },
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+
+    /// Where the Job of this sync stands; a finished Job's outcome comes from its pod's
+    /// termination message.
+    pub async fn state(&self, request: &SyncRequest) -> Result<SyncState> {
+        let name = Self::job_name(request);
+        let Some(job) = self.jobs().get_opt(&name).await? else {
+            return Ok(SyncState::Unknown);
+        };
+        let condition = |type_: &str| {
+            job.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == type_ && c.status == "True"))
+        };
+        let (complete, failed) = (condition("Complete"), condition("Failed"));
+        if !complete && !failed {
+            return Ok(SyncState::Running {
+                job: Some(name),
+                progress: None,
+            });
+        }
+        let termination = self.termination(&name).await?;
+        let result = match (termination, complete) {
+            (Some(Termination::Succeeded(outcome)), true) => Ok(outcome),
+            (Some(Termination::Failed(failure)), _) => Err(failure),
+            (_, true) => Err(SyncFailure::new(
+                "SyncOutputMissing",
+                format!(
+                    "sync Job {}/{name} succeeded without reporting a digest; see `kubectl logs -n {} job/{name}`",
+                    self.config.namespace, self.config.namespace
+                ),
+            )),
+            (_, false) => Err(SyncFailure::new(
+                "SyncJobFailed",
+                format!(
+                    "sync Job {}/{name} failed; see `kubectl logs -n {} job/{name}`",
+                    self.config.namespace, self.config.namespace
+                ),
+            )),
+        };
+        Ok(SyncState::Finished {
+            job: Some(name),
+            result,
+        })
+    }
+
+    /// The newest termination message of the Job's pods that parses.
+    async fn termination(&self, job: &str) -> Result<Option<Termination>> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.config.namespace);
+        let list = pods
+            .list(&ListParams::default().labels(&format!("batch.kubernetes.io/job-name={job}")))
+            .await?;
+        let mut found: Vec<(Option<String>, Termination)> = Vec::new();
+        for pod in list.items {
+            let statuses = pod
+                .status
+                .and_then(|s| s.container_statuses)
+                .unwrap_or_default();
+            for cs in statuses.into_iter().filter(|c| c.name == CONTAINER) {
+                let Some(t) = cs.state.and_then(|s| s.terminated) else {
+                    continue;
+                };
+                let Some(msg) = t.message else { continue };
+                if let Ok(parsed) = serde_json::from_str::<Termination>(msg.trim()) {
+                    let at = t.finished_at.map(|f| f.0.to_string());
+                    found.push((at, parsed));
+                }
+            }
+        }
+        found.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(found.pop().map(|(_, t)| t))
+    }
+}
+
+fn labels(request: &SyncRequest) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (
+            "app.kubernetes.io/managed-by".to_string(),
+            "sealed-operator".to_string(),
+        ),
+        (
+            LABEL_VOLUME_NAMESPACE.to_string(),
+            request.namespace.clone(),
+        ),
+        (LABEL_VOLUME_NAME.to_string(), request.name.clone()),
+    ])
+}
+
+fn secret_env(name: &str) -> EnvFromSource {
+    EnvFromSource {
+        secret_ref: Some(SecretEnvSource {
+            name: name.into(),
+            optional: Some(false),
+        }),
+        ..Default::default()
+    }
+}

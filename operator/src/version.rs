@@ -1,0 +1,263 @@
+//! The SealedVolumeVersion reconciler: describe the sealed manifest in status, link the
+//! version to its volume, and on deletion move the manifest to the store's trash, where it
+//! stays restorable (`sealed restore DIGEST`) for the volume's retention.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::{Api, Resource, ResourceExt};
+use sealed_crds::{
+    CONDITION_READY, Condition, SealedVolume, SealedVolumeVersion, VOLUME_LABEL, set_condition,
+};
+use sealed_store::{Digest, Error as StoreError};
+use serde_json::json;
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+
+/// Held by every version until its manifest is in the trash.
+pub const FINALIZER: &str = "sealedvolumes.io/trash";
+/// Field manager of the fields this controller owns on a version's status.
+const VERSION_MANAGER: &str = "sealed-operator-version";
+/// Retention when the volume is already gone: the documented default, 7 days.
+const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+pub async fn reconcile(version: Arc<SealedVolumeVersion>, ctx: Arc<Context>) -> Result<Action> {
+    let namespace = version.namespace().unwrap_or_default();
+    let api: Api<SealedVolumeVersion> = Api::namespaced(ctx.client.clone(), &namespace);
+    let result = finalizer(&api, FINALIZER, version, |event| async {
+        match event {
+            Finalizer::Apply(v) => apply(&v, &ctx).await,
+            Finalizer::Cleanup(v) => cleanup(&v, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer {
+        object: format!("SealedVolumeVersion {namespace}"),
+        message: e.to_string(),
+    });
+    let outcome = if result.is_ok() { "ok" } else { "error" };
+    ctx.metrics
+        .reconciles
+        .with_label_values(&["SealedVolumeVersion", outcome])
+        .inc();
+    result
+}
+
+pub fn error_policy(
+    version: Arc<SealedVolumeVersion>,
+    error: &Error,
+    _ctx: Arc<Context>,
+) -> Action {
+    tracing::warn!(version = %version.name_any(), %error, "reconcile failed; retrying in 30s");
+    Action::requeue(Duration::from_secs(30))
+}
+
+fn parse_digest(version: &SealedVolumeVersion) -> Result<Digest> {
+    Digest::parse(&version.spec.digest).map_err(|e| Error::Invalid {
+        object: format!("SealedVolumeVersion {}", version.name_any()),
+        message: e.to_string(),
+    })
+}
+
+async fn apply(version: &SealedVolumeVersion, ctx: &Context) -> Result<Action> {
+    let namespace = version.namespace().unwrap_or_default();
+    let api: Api<SealedVolumeVersion> = Api::namespaced(ctx.client.clone(), &namespace);
+    link_to_volume(version, ctx, &api).await?;
+
+    let digest = parse_digest(version)?;
+    let generation = version.metadata.generation;
+    let status = version.status.clone().unwrap_or_default();
+    let ready = status
+        .condition(CONDITION_READY)
+        .is_some_and(|c| c.status == "True");
+    if ready && status.observed_generation == generation {
+        return Ok(Action::await_change());
+    }
+    let mut conditions = status.conditions.clone();
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let (patch, requeue) = match ctx.store.get_manifest(&digest).await {
+        Ok(manifest) => {
+            let files = manifest
+                .entries
+                .iter()
+                .filter(|e| matches!(e.kind, sealed_store::EntryKind::File(_)))
+                .count();
+            set_condition(
+                &mut conditions,
+                Condition {
+                    type_: CONDITION_READY.into(),
+                    status: "True".into(),
+                    reason: "Sealed".into(),
+                    message: format!("manifest sealed in store {}", ctx.store.name()),
+                    observed_generation: generation,
+                    last_transition_time: now.clone(),
+                },
+            );
+            let patch = json!({
+                "apiVersion": sealed_crds::API_VERSION,
+                "kind": "SealedVolumeVersion",
+                "status": {
+                    "conditions": conditions,
+                    "observedGeneration": generation,
+                    "sizeBytes": manifest.total_size(),
+                    "files": files,
+                    "chunks": manifest.unique_chunks().len(),
+                    "sealedAt": status.sealed_at.clone().unwrap_or(now),
+                }
+            });
+            (patch, Action::await_change())
+        }
+        Err(StoreError::UnknownVersion { .. }) => {
+            set_condition(
+                &mut conditions,
+                Condition {
+                    type_: CONDITION_READY.into(),
+                    status: "False".into(),
+                    reason: "ManifestMissing".into(),
+                    message: format!(
+                        "store {} has no manifest {digest}: push the directory with `sealed push --volume {namespace}/{} DIR`, or bring a deleted version back with `sealed restore {digest}`",
+                        ctx.store.name(),
+                        version.spec.volume
+                    ),
+                    observed_generation: generation,
+                    last_transition_time: now,
+                },
+            );
+            let patch = json!({
+                "apiVersion": sealed_crds::API_VERSION,
+                "kind": "SealedVolumeVersion",
+                "status": { "conditions": conditions, "observedGeneration": generation }
+            });
+            (patch, Action::requeue(Duration::from_secs(30)))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    api.patch_status(
+        &version.name_any(),
+        &PatchParams::apply(VERSION_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    Ok(requeue)
+}
+
+/// Labels the version with its volume and makes the volume its owner, so deleting the
+/// volume deletes (and trashes) its versions, as it does for the ones syncs create.
+async fn link_to_volume(
+    version: &SealedVolumeVersion,
+    ctx: &Context,
+    api: &Api<SealedVolumeVersion>,
+) -> Result<()> {
+    let labelled = version.labels().get(VOLUME_LABEL) == Some(&version.spec.volume);
+    let owned = version
+        .owner_references()
+        .iter()
+        .any(|o| o.kind == "SealedVolume" && o.name == version.spec.volume);
+    if labelled && owned {
+        return Ok(());
+    }
+    let namespace = version.namespace().unwrap_or_default();
+    let volumes: Api<SealedVolume> = Api::namespaced(ctx.client.clone(), &namespace);
+    let Some(volume) = volumes.get_opt(&version.spec.volume).await? else {
+        return Ok(());
+    };
+    let mut patch = json!({ "metadata": { "labels": { VOLUME_LABEL: version.spec.volume } } });
+    if !owned && let Some(owner) = volume.controller_owner_ref(&()) {
+        let mut owners = version.owner_references().to_vec();
+        owners.push(owner);
+        patch["metadata"]["ownerReferences"] = json!(owners);
+    }
+    api.patch(
+        &version.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+async fn cleanup(version: &SealedVolumeVersion, ctx: &Context) -> Result<Action> {
+    let digest = parse_digest(version)?;
+    let namespace = version.namespace().unwrap_or_default();
+    let reference = version.object_ref(&());
+    // Another live version naming the same digest keeps the manifest in the store; only
+    // this volume's record of it goes, so the version is not imported again.
+    let all: Api<SealedVolumeVersion> = match &ctx.config.watch_namespace {
+        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
+        None => Api::all(ctx.client.clone()),
+    };
+    let others: Vec<String> = all
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|v| {
+            v.spec.digest == version.spec.digest
+                && v.metadata.deletion_timestamp.is_none()
+                && v.metadata.uid != version.metadata.uid
+        })
+        .map(|v| format!("{}/{}", v.namespace().unwrap_or_default(), v.name_any()))
+        .collect();
+    if !others.is_empty() {
+        let record = object_store::path::Path::from(format!(
+            "volumes/{namespace}/{}/{}",
+            version.spec.volume,
+            digest.hex()
+        ));
+        match ctx.store.object_store().delete(&record).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => {
+                return Err(Error::Store(StoreError::Other(format!(
+                    "cannot delete {record} in store {}: {e}",
+                    ctx.store.name()
+                ))));
+            }
+        }
+        ctx.event(
+            &reference,
+            false,
+            "KeptInStore",
+            "Delete",
+            format!(
+                "{digest} stays in the store: still used by {}",
+                others.join(", ")
+            ),
+        )
+        .await;
+        return Ok(Action::await_change());
+    }
+    let volumes: Api<SealedVolume> = Api::namespaced(ctx.client.clone(), &namespace);
+    let retention = match volumes.get_opt(&version.spec.volume).await? {
+        Some(v) => v
+            .spec
+            .retention
+            .deleted_versions()
+            .unwrap_or(DEFAULT_RETENTION),
+        None => DEFAULT_RETENTION,
+    };
+    match sealed_store::trash::trash_version(&ctx.store, &digest, retention).await {
+        Ok(record) => {
+            ctx.metrics.versions_trashed.inc();
+            ctx.event(
+                &reference,
+                false,
+                "Trashed",
+                "Delete",
+                format!(
+                    "{digest} moved to the trash; restorable until {} with `sealed restore {digest}`",
+                    record.restorable_until
+                ),
+            )
+            .await;
+        }
+        // Nothing to keep: the manifest was never sealed, or is gone already.
+        Err(StoreError::UnknownVersion { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    Ok(Action::await_change())
+}

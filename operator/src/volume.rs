@@ -1,0 +1,584 @@
+//! The SealedVolume reconciler: start syncs when the source changes, record their outcome as
+//! SealedVolumeVersions, pick up versions pushed with `sealed push --volume` (and restored
+//! ones), and resolve tags.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::{Api, Resource, ResourceExt};
+use sealed_crds::{
+    CONDITION_READY, CONDITION_SYNCED, Condition, RESYNC_ANNOTATION, SealedVolume,
+    SealedVolumeStatus, SealedVolumeVersion, SealedVolumeVersionSpec, SourceKind, SyncProgress,
+    TagStatus, VOLUME_LABEL, set_condition,
+};
+use sealed_store::Digest;
+use serde_json::json;
+
+use crate::context::{Context, Executor, MANAGER};
+use crate::error::{Error, Result};
+use crate::sync::{Credentials, SyncOutcome, SyncRequest, SyncState};
+
+/// Field manager of the sync outcome fields the volume controller writes on a version.
+const SYNC_MANAGER: &str = "sealed-operator-sync";
+
+pub async fn reconcile(volume: Arc<SealedVolume>, ctx: Arc<Context>) -> Result<Action> {
+    let result = reconcile_inner(&volume, &ctx).await;
+    let outcome = if result.is_ok() { "ok" } else { "error" };
+    ctx.metrics
+        .reconciles
+        .with_label_values(&["SealedVolume", outcome])
+        .inc();
+    result
+}
+
+pub fn error_policy(volume: Arc<SealedVolume>, error: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(volume = %volume_key(&volume), %error, "reconcile failed; retrying in 30s");
+    Action::requeue(Duration::from_secs(30))
+}
+
+fn volume_key(v: &SealedVolume) -> String {
+    format!("{}/{}", v.namespace().unwrap_or_default(), v.name_any())
+}
+
+fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+fn condition(
+    type_: &str,
+    ok: bool,
+    reason: &str,
+    message: impl Into<String>,
+    generation: Option<i64>,
+) -> Condition {
+    Condition {
+        type_: type_.into(),
+        status: if ok { "True" } else { "False" }.into(),
+        reason: reason.into(),
+        message: message.into(),
+        observed_generation: generation,
+        last_transition_time: now(),
+    }
+}
+
+async fn reconcile_inner(volume: &SealedVolume, ctx: &Context) -> Result<Action> {
+    let namespace = volume.namespace().unwrap_or_default();
+    let name = volume.name_any();
+    if volume.metadata.deletion_timestamp.is_some() {
+        // Its versions go with it (owner references); a running sync is pointless now.
+        if let Executor::Inline(inline) = &ctx.executor {
+            inline.forget(&namespace, &name);
+        }
+        return Ok(Action::await_change());
+    }
+    let generation = volume.metadata.generation;
+    let old = volume.status.clone().unwrap_or_default();
+    let mut status = old.clone();
+    status.source = Some(volume.spec.source.summary());
+    status.observed_generation = generation;
+
+    let problems = volume.spec.validate();
+    if !problems.is_empty() {
+        let message = problems
+            .iter()
+            .map(|p| p.to_string())
+            .collect::<Vec<_>>()
+            .join("; ");
+        set_condition(
+            &mut status.conditions,
+            condition(CONDITION_READY, false, "InvalidSpec", &message, generation),
+        );
+        set_condition(
+            &mut status.conditions,
+            condition(CONDITION_SYNCED, false, "InvalidSpec", &message, generation),
+        );
+        write_status(ctx, volume, &old, &status).await?;
+        return Ok(Action::await_change());
+    }
+
+    let mut requeue = ctx.config.upload_poll;
+    match volume.spec.source.kind() {
+        Ok(SourceKind::Upload(_)) => {
+            set_condition(
+                &mut status.conditions,
+                condition(
+                    CONDITION_SYNCED,
+                    true,
+                    "Upload",
+                    format!("versions arrive from `sealed push --volume {namespace}/{name} DIR`"),
+                    generation,
+                ),
+            );
+        }
+        Ok(_) => {
+            if let Some(after) = drive_sync(volume, ctx, &mut status).await? {
+                requeue = after;
+            }
+        }
+        Err(e) => {
+            return Err(Error::Invalid {
+                object: volume_key(volume),
+                message: e.to_string(),
+            });
+        }
+    }
+
+    import_store_records(volume, ctx).await?;
+    resolve_versions(volume, ctx, &mut status).await?;
+    write_status(ctx, volume, &old, &status).await?;
+    Ok(Action::requeue(requeue))
+}
+
+/// `generation=N,resync=VALUE`: a new value starts a new sync.
+pub fn trigger(volume: &SealedVolume) -> String {
+    let resync = volume
+        .annotations()
+        .get(RESYNC_ANNOTATION)
+        .map(String::as_str)
+        .unwrap_or("");
+    format!(
+        "generation={},resync={resync}",
+        volume.metadata.generation.unwrap_or(0)
+    )
+}
+
+/// Starts, follows and concludes the sync the volume's current trigger asks for. Returns
+/// how soon to look again while it runs.
+async fn drive_sync(
+    volume: &SealedVolume,
+    ctx: &Context,
+    status: &mut SealedVolumeStatus,
+) -> Result<Option<Duration>> {
+    let namespace = volume.namespace().unwrap_or_default();
+    let name = volume.name_any();
+    let generation = volume.metadata.generation;
+    let request = SyncRequest {
+        namespace: namespace.clone(),
+        name: name.clone(),
+        source: volume.spec.source.clone(),
+        trigger: trigger(volume),
+    };
+    let reference = volume.object_ref(&());
+    let current = status.sync.as_ref().and_then(|s| s.trigger.clone());
+    let poll = match ctx.executor {
+        Executor::Inline(_) => Duration::from_secs(2),
+        Executor::Job(_) => Duration::from_secs(15),
+    };
+    let finished = status
+        .sync
+        .as_ref()
+        .is_some_and(|s| s.finished_at.is_some());
+    if current.as_deref() == Some(request.trigger.as_str()) && finished {
+        return Ok(None);
+    }
+    let state = if current.as_deref() == Some(request.trigger.as_str()) {
+        match &ctx.executor {
+            Executor::Inline(inline) => inline.state(&namespace, &name, &request.trigger),
+            Executor::Job(jobs) => jobs.state(&request).await?,
+        }
+    } else {
+        SyncState::Unknown
+    };
+    match state {
+        SyncState::Unknown => {
+            let credentials =
+                match Credentials::read(&ctx.client, &namespace, &volume.spec.source).await {
+                    Ok(c) => c,
+                    Err(failure) => {
+                        // Not recorded as this trigger's outcome: a Secret created later is
+                        // picked up by the next look, without a hot loop.
+                        set_condition(
+                            &mut status.conditions,
+                            condition(
+                                CONDITION_SYNCED,
+                                false,
+                                &failure.reason,
+                                &failure.message,
+                                generation,
+                            ),
+                        );
+                        ctx.event(
+                            &reference,
+                            true,
+                            &failure.reason,
+                            "Sync",
+                            failure.message.clone(),
+                        )
+                        .await;
+                        return Ok(Some(Duration::from_secs(30)));
+                    }
+                };
+            let job = match &ctx.executor {
+                Executor::Inline(inline) => {
+                    inline.start(request.clone(), credentials);
+                    None
+                }
+                Executor::Job(jobs) => Some(jobs.start(&request, &credentials).await?),
+            };
+            let restarted = current.as_deref() == Some(request.trigger.as_str());
+            let started_at = if restarted {
+                status.sync.as_ref().and_then(|s| s.started_at.clone())
+            } else {
+                Some(now())
+            };
+            status.sync = Some(SyncProgress {
+                trigger: Some(request.trigger.clone()),
+                job: job.clone(),
+                started_at,
+                progress: Some("starting".into()),
+                ..Default::default()
+            });
+            set_condition(
+                &mut status.conditions,
+                condition(
+                    CONDITION_SYNCED,
+                    false,
+                    "Syncing",
+                    format!("syncing {}", volume.spec.source.summary()),
+                    generation,
+                ),
+            );
+            if !restarted {
+                ctx.metrics.syncs_started.inc();
+                let place = match &job {
+                    Some(j) => format!(" in Job {}/{j}", ctx.config.namespace),
+                    None => String::new(),
+                };
+                ctx.event(
+                    &reference,
+                    false,
+                    "SyncStarted",
+                    "Sync",
+                    format!("syncing {}{place}", volume.spec.source.summary()),
+                )
+                .await;
+            }
+            Ok(Some(poll))
+        }
+        SyncState::Running { job, progress } => {
+            let sync = status.sync.get_or_insert_with(Default::default);
+            sync.job = job.or(sync.job.take());
+            if let Some(p) = progress {
+                sync.bytes_done = p.bytes_done as i64;
+                sync.bytes_total = p.bytes_total as i64;
+                sync.files_done = p.files_done as i64;
+                sync.files_total = p.files_total as i64;
+                sync.progress = Some(p.describe());
+            } else {
+                sync.progress = Some("running".into());
+            }
+            Ok(Some(poll))
+        }
+        SyncState::Finished { job, result } => {
+            if let Executor::Inline(inline) = &ctx.executor {
+                inline.forget(&namespace, &name);
+            }
+            let sync = status.sync.get_or_insert_with(Default::default);
+            sync.job = job.or(sync.job.take());
+            sync.finished_at = Some(now());
+            match result {
+                Ok(outcome) => {
+                    sync.revision = outcome.source_revision.clone();
+                    sync.bytes_done = outcome.bytes as i64;
+                    sync.bytes_total = outcome.bytes as i64;
+                    sync.files_done = outcome.files as i64;
+                    sync.files_total = outcome.files as i64;
+                    sync.progress = Some(format!(
+                        "done: {} ({} new, {} reused)",
+                        crate::sync::human_bytes(outcome.bytes),
+                        crate::sync::human_bytes(outcome.bytes_new),
+                        crate::sync::human_bytes(outcome.bytes_reused)
+                    ));
+                    let version = record_version(volume, ctx, &outcome).await?;
+                    ctx.metrics
+                        .syncs_finished
+                        .with_label_values(&["Succeeded"])
+                        .inc();
+                    ctx.metrics.sync_bytes_new.inc_by(outcome.bytes_new);
+                    ctx.metrics.sync_bytes_reused.inc_by(outcome.bytes_reused);
+                    let message = format!(
+                        "sealed {} as {} ({} uploaded, {} reused)",
+                        volume.spec.source.summary(),
+                        outcome.digest,
+                        crate::sync::human_bytes(outcome.bytes_new),
+                        crate::sync::human_bytes(outcome.bytes_reused)
+                    );
+                    set_condition(
+                        &mut status.conditions,
+                        condition(CONDITION_SYNCED, true, "Synced", &message, generation),
+                    );
+                    ctx.event(
+                        &reference,
+                        false,
+                        "SyncSucceeded",
+                        "Sync",
+                        format!("{message}; version {version}"),
+                    )
+                    .await;
+                }
+                Err(failure) => {
+                    sync.progress = Some(format!("failed: {}", failure.reason));
+                    ctx.metrics
+                        .syncs_finished
+                        .with_label_values(&[failure.reason.as_str()])
+                        .inc();
+                    set_condition(
+                        &mut status.conditions,
+                        condition(
+                            CONDITION_SYNCED,
+                            false,
+                            &failure.reason,
+                            &failure.message,
+                            generation,
+                        ),
+                    );
+                    ctx.event(
+                        &reference,
+                        true,
+                        "SyncFailed",
+                        "Sync",
+                        format!("{}: {}", failure.reason, failure.message),
+                    )
+                    .await;
+                }
+            }
+            Ok(None)
+        }
+    }
+}
+
+/// Creates the SealedVolumeVersion of a finished sync (once) and records what the sync
+/// uploaded on it. Returns its name.
+async fn record_version(
+    volume: &SealedVolume,
+    ctx: &Context,
+    outcome: &SyncOutcome,
+) -> Result<String> {
+    let namespace = volume.namespace().unwrap_or_default();
+    let name = SealedVolumeVersionSpec::object_name(&volume.name_any(), &outcome.digest);
+    let versions: Api<SealedVolumeVersion> = Api::namespaced(ctx.client.clone(), &namespace);
+    create_version(volume, &versions, &name, &outcome.digest).await?;
+    let patch = json!({
+        "apiVersion": sealed_crds::API_VERSION,
+        "kind": "SealedVolumeVersion",
+        "status": {
+            "bytesNew": outcome.bytes_new,
+            "bytesReused": outcome.bytes_reused,
+            "sourceRevision": outcome.source_revision,
+        }
+    });
+    versions
+        .patch_status(
+            &name,
+            &PatchParams::apply(SYNC_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+    Ok(name)
+}
+
+/// Creates a version of `volume` (labelled and owned by it); an existing one is fine.
+async fn create_version(
+    volume: &SealedVolume,
+    versions: &Api<SealedVolumeVersion>,
+    name: &str,
+    digest: &str,
+) -> Result<()> {
+    let mut version = SealedVolumeVersion::new(
+        name,
+        SealedVolumeVersionSpec {
+            volume: volume.name_any(),
+            digest: digest.into(),
+        },
+    );
+    version.metadata = ObjectMeta {
+        name: Some(name.into()),
+        namespace: volume.namespace(),
+        labels: Some(BTreeMap::from([(
+            VOLUME_LABEL.to_string(),
+            volume.name_any(),
+        )])),
+        owner_references: owner_reference(volume).map(|o| vec![o]),
+        ..Default::default()
+    };
+    match versions.create(&PostParams::default(), &version).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Deleting a volume deletes its versions (which moves them to the trash).
+pub fn owner_reference(volume: &SealedVolume) -> Option<OwnerReference> {
+    volume.controller_owner_ref(&())
+}
+
+/// Versions recorded in the store for this volume (`sealed push --volume`, syncs, restores)
+/// whose manifest is live get a SealedVolumeVersion. A trashed manifest does not: deleting a
+/// version sticks until it is restored.
+async fn import_store_records(volume: &SealedVolume, ctx: &Context) -> Result<()> {
+    let namespace = volume.namespace().unwrap_or_default();
+    let name = volume.name_any();
+    let prefix = object_store::path::Path::from(format!("volumes/{namespace}/{name}"));
+    let metas: Vec<_> = ctx
+        .store
+        .object_store()
+        .list(Some(&prefix))
+        .try_collect()
+        .await
+        .map_err(|e| {
+            Error::Store(sealed_store::Error::Other(format!(
+                "cannot list {prefix} in store {}: {e}",
+                ctx.store.name()
+            )))
+        })?;
+    if metas.is_empty() {
+        return Ok(());
+    }
+    let versions: Api<SealedVolumeVersion> = Api::namespaced(ctx.client.clone(), &namespace);
+    let existing: Vec<String> = versions
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|v| v.spec.volume == name)
+        .map(|v| v.spec.digest)
+        .collect();
+    for meta in metas {
+        let Some(digest) = meta
+            .location
+            .filename()
+            .and_then(|hex| Digest::parse(&format!("blake3:{hex}")).ok())
+        else {
+            continue;
+        };
+        let digest_str = digest.to_string();
+        if existing.contains(&digest_str) || !ctx.store.has_manifest(&digest).await? {
+            continue;
+        }
+        let version = SealedVolumeVersionSpec::object_name(&name, &digest_str);
+        create_version(volume, &versions, &version, &digest_str).await?;
+        ctx.event(
+            &volume.object_ref(&()),
+            false,
+            "VersionImported",
+            "Import",
+            format!("{digest_str} found in the store for {namespace}/{name}: created SealedVolumeVersion {version}"),
+        )
+        .await;
+    }
+    Ok(())
+}
+
+/// Latest version, tags and Ready.
+async fn resolve_versions(
+    volume: &SealedVolume,
+    ctx: &Context,
+    status: &mut SealedVolumeStatus,
+) -> Result<()> {
+    let namespace = volume.namespace().unwrap_or_default();
+    let name = volume.name_any();
+    let generation = volume.metadata.generation;
+    let versions: Api<SealedVolumeVersion> = Api::namespaced(ctx.client.clone(), &namespace);
+    let mut mine: Vec<SealedVolumeVersion> = versions
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|v| v.spec.volume == name && v.metadata.deletion_timestamp.is_none())
+        .collect();
+    let sealed_at = |v: &SealedVolumeVersion| {
+        v.status
+            .as_ref()
+            .and_then(|s| s.sealed_at.clone())
+            .or_else(|| v.metadata.creation_timestamp.clone())
+            .map(|t| t.0)
+    };
+    mine.sort_by_key(|v| (sealed_at(v), v.name_any()));
+    let latest = mine.last();
+    status.latest_digest = latest.map(|v| v.spec.digest.clone());
+    status.latest_version = latest.map(|v| v.name_any());
+
+    let mut unresolved = Vec::new();
+    status.tags = volume
+        .spec
+        .tags
+        .iter()
+        .map(|(tag, digest)| {
+            let version = mine
+                .iter()
+                .find(|v| &v.spec.digest == digest)
+                .map(|v| v.name_any());
+            if version.is_none() {
+                unresolved.push(format!("{tag} -> {digest}"));
+            }
+            (
+                tag.clone(),
+                TagStatus {
+                    digest: digest.clone(),
+                    version,
+                },
+            )
+        })
+        .collect();
+    let ready = if mine.is_empty() {
+        condition(
+            CONDITION_READY,
+            false,
+            "NoVersion",
+            "no sealed version yet",
+            generation,
+        )
+    } else if !unresolved.is_empty() {
+        condition(
+            CONDITION_READY,
+            false,
+            "TagUnresolved",
+            format!(
+                "these tags name no version of {namespace}/{name}, so mounting them by tag is refused: {}",
+                unresolved.join(", ")
+            ),
+            generation,
+        )
+    } else {
+        condition(
+            CONDITION_READY,
+            true,
+            "Ready",
+            format!("{} version(s); every tag resolves", mine.len()),
+            generation,
+        )
+    };
+    set_condition(&mut status.conditions, ready);
+    Ok(())
+}
+
+async fn write_status(
+    ctx: &Context,
+    volume: &SealedVolume,
+    old: &SealedVolumeStatus,
+    new: &SealedVolumeStatus,
+) -> Result<()> {
+    if old == new && volume.status.is_some() {
+        return Ok(());
+    }
+    let api: Api<SealedVolume> =
+        Api::namespaced(ctx.client.clone(), &volume.namespace().unwrap_or_default());
+    let patch = json!({
+        "apiVersion": sealed_crds::API_VERSION,
+        "kind": "SealedVolume",
+        "status": new,
+    });
+    api.patch_status(
+        &volume.name_any(),
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    Ok(())
+}
