@@ -82,12 +82,29 @@ impl Plugin {
 
     /// API-server mode: `node_id` names a Node of the cluster `kubeconfig` points at.
     pub fn start_api(store_url: &str, node_id: &str, kubeconfig: &Path, extra: &[&str]) -> Plugin {
+        Plugin::start_api_in(
+            tempfile::tempdir().unwrap(),
+            store_url,
+            node_id,
+            kubeconfig,
+            extra,
+        )
+    }
+
+    /// [`Plugin::start_api`] with `dir` as its home: a restart after [`Plugin::crash`].
+    pub fn start_api_in(
+        dir: TempDir,
+        store_url: &str,
+        node_id: &str,
+        kubeconfig: &Path,
+        extra: &[&str],
+    ) -> Plugin {
         let node = format!("--node-id={node_id}");
         let mut args = vec![node.as_str()];
         args.extend_from_slice(extra);
         let kubeconfig = kubeconfig.display().to_string();
         Plugin::launch(
-            tempfile::tempdir().unwrap(),
+            dir,
             store_url,
             &args,
             &[("KUBECONFIG", kubeconfig.as_str())],
