@@ -42,6 +42,8 @@ enum Command {
     Mount(commands::mount::MountArgs),
     /// Unmount a directory mounted by `sealed mount`
     Umount(commands::mount::UmountArgs),
+    /// Have the cluster sync a Hugging Face repo or a bucket into a SealedVolume; prints the digest
+    Sync(commands::sync::SyncArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -65,6 +67,7 @@ fn main() -> std::process::ExitCode {
             Command::Ls(a) => commands::ls::run(&ctx, a).await,
             Command::Mount(a) => commands::mount::run_mount(&ctx, a).await,
             Command::Umount(a) => commands::mount::run_umount(&ctx, a).await,
+            Command::Sync(a) => commands::sync::run(&ctx, a).await,
         }
     });
     match result {

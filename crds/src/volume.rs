@@ -444,6 +444,9 @@ pub struct SyncProgress {
     /// The source revision being synced (a Hugging Face commit, or a summary of object ETags).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revision: Option<String>,
+    /// The digest the sync sealed, once it has succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
     /// The Job running the sync (empty with the inline executor).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<String>,

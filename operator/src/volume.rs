@@ -284,6 +284,7 @@ async fn drive_sync(
             match result {
                 Ok(outcome) => {
                     sync.revision = outcome.source_revision.clone();
+                    sync.digest = Some(outcome.digest.clone());
                     sync.bytes_done = outcome.bytes as i64;
                     sync.bytes_total = outcome.bytes as i64;
                     sync.files_done = outcome.files as i64;

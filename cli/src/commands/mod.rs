@@ -6,6 +6,7 @@ pub mod ls;
 pub mod mount;
 pub mod pull;
 pub mod push;
+pub mod sync;
 pub mod verify;
 
 use anyhow::Context as _;

@@ -1,0 +1,259 @@
+//! `sealed sync SOURCE --volume NS/NAME`: have the operator sync a Hugging Face repo or a
+//! bucket prefix into the store, follow it, and print the sealed digest. Nothing is
+//! downloaded to this machine: the sync runs in the cluster (a Job, or the operator).
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use sealed_crds::{
+    CONDITION_SYNCED, RESYNC_ANNOTATION, SealedVolume, SealedVolumeSpec, SecretKeyRef, SecretRef,
+    Source,
+};
+
+use crate::context::Context;
+use crate::output::print_json;
+
+#[derive(Args, Debug)]
+pub struct SyncArgs {
+    /// hf://org/repo[@revision], hf://datasets/org/name[@revision], s3://bucket/prefix,
+    /// gs://bucket/prefix, az://container/prefix
+    pub source: String,
+    /// The SealedVolume to create or update, NAMESPACE/NAME
+    #[arg(long)]
+    pub volume: String,
+    /// Only files matching these globs (Hugging Face), e.g. '*.safetensors'
+    #[arg(long)]
+    pub include: Vec<String>,
+    /// Leave out files matching these globs (Hugging Face)
+    #[arg(long)]
+    pub exclude: Vec<String>,
+    /// Secret with the Hugging Face token, as NAME:KEY (in the volume's namespace)
+    #[arg(long, value_name = "NAME:KEY")]
+    pub token_secret: Option<String>,
+    /// Secret with the bucket's credentials (env-style keys, in the volume's namespace)
+    #[arg(long, value_name = "NAME")]
+    pub credentials_secret: Option<String>,
+    /// S3-compatible endpoint of the bucket (R2, CoreWeave, MinIO), or a Hub mirror for hf://
+    #[arg(long = "source-endpoint")]
+    pub source_endpoint: Option<String>,
+    /// Region of the bucket
+    #[arg(long = "source-region")]
+    pub source_region: Option<String>,
+    /// Return once the sync has started instead of following it
+    #[arg(long)]
+    pub no_wait: bool,
+    /// Give up following after this many seconds (the sync goes on in the cluster)
+    #[arg(long, default_value_t = 3600)]
+    pub wait_timeout: u64,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SyncResult {
+    volume: String,
+    source: String,
+    digest: Option<String>,
+    version: Option<String>,
+    revision: Option<String>,
+    state: String,
+}
+
+/// The source the flags describe.
+fn source(args: &SyncArgs) -> anyhow::Result<Source> {
+    let mut source = Source::from_uri(&args.source).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if let Some(hf) = source.hugging_face.as_mut() {
+        hf.include = args.include.clone();
+        hf.exclude = args.exclude.clone();
+        hf.endpoint = args.source_endpoint.clone();
+        if let Some(spec) = &args.token_secret {
+            let (name, key) = spec
+                .split_once(':')
+                .with_context(|| format!("--token-secret {spec:?} must be NAME:KEY"))?;
+            hf.token_secret_ref = Some(SecretKeyRef {
+                name: name.into(),
+                key: key.into(),
+            });
+        }
+    } else if let Some(os) = source.object_store.as_mut() {
+        os.endpoint = args.source_endpoint.clone();
+        os.region = args.source_region.clone();
+        os.credentials_secret_ref = args
+            .credentials_secret
+            .as_ref()
+            .map(|name| SecretRef { name: name.clone() });
+    } else {
+        bail!(
+            "{:?} is not something to sync; `sealed push --volume` publishes a local directory",
+            args.source
+        );
+    }
+    if source.object_store.is_some() && (!args.include.is_empty() || !args.exclude.is_empty()) {
+        bail!("--include and --exclude apply to Hugging Face sources");
+    }
+    Ok(source)
+}
+
+pub async fn run(ctx: &Context, args: SyncArgs) -> anyhow::Result<ExitCode> {
+    let (namespace, name) = args
+        .volume
+        .split_once('/')
+        .filter(|(ns, n)| !ns.is_empty() && !n.is_empty())
+        .with_context(|| format!("--volume {:?} must be NAMESPACE/NAME", args.volume))?;
+    let source = source(&args)?;
+    let client = Client::try_default().await.context(
+        "cannot reach the Kubernetes API server (set KUBECONFIG or use a kubeconfig context)",
+    )?;
+    let api: Api<SealedVolume> = Api::namespaced(client, namespace);
+    let stamp = k8s_openapi::jiff::Timestamp::now().to_string();
+
+    // Create the volume, change its source, or ask for a resync of the same source.
+    let volume = match api
+        .get_opt(name)
+        .await
+        .with_context(|| format!("cannot read SealedVolume {namespace}/{name}"))?
+    {
+        None => {
+            let mut v = SealedVolume::new(
+                name,
+                SealedVolumeSpec {
+                    source: source.clone(),
+                    tags: Default::default(),
+                    retention: Default::default(),
+                    shared: false,
+                },
+            );
+            v.annotations_mut()
+                .insert(RESYNC_ANNOTATION.into(), stamp.clone());
+            api.create(&PostParams::default(), &v)
+                .await
+                .with_context(|| format!("cannot create SealedVolume {namespace}/{name}"))?
+        }
+        Some(existing) => {
+            let patch = serde_json::json!({
+                "metadata": { "annotations": { RESYNC_ANNOTATION: stamp } },
+                "spec": { "source": source },
+            });
+            if existing.spec.source != source && existing.spec.source.upload.is_some() {
+                bail!(
+                    "{namespace}/{name} takes versions from `sealed push`; give sync another volume name"
+                );
+            }
+            api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .with_context(|| format!("cannot update SealedVolume {namespace}/{name}"))?
+        }
+    };
+    let trigger = format!(
+        "generation={},resync={stamp}",
+        volume.metadata.generation.unwrap_or(0)
+    );
+    let mut result = SyncResult {
+        volume: format!("{namespace}/{name}"),
+        source: source.summary(),
+        digest: None,
+        version: None,
+        revision: None,
+        state: "Started".into(),
+    };
+    if args.no_wait {
+        return finish(ctx, &result, ExitCode::SUCCESS);
+    }
+
+    let bar = if ctx.progress {
+        let bar = ProgressBar::new(0);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{spinner} {msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        bar.set_message(format!(
+            "syncing {} into {namespace}/{name}",
+            source.summary()
+        ));
+        bar.enable_steady_tick(Duration::from_millis(200));
+        Some(bar)
+    } else {
+        None
+    };
+    let deadline = Instant::now() + Duration::from_secs(args.wait_timeout);
+    loop {
+        let v = api
+            .get(name)
+            .await
+            .with_context(|| format!("cannot read SealedVolume {namespace}/{name}"))?;
+        let status = v.status.clone().unwrap_or_default();
+        let sync = status
+            .sync
+            .clone()
+            .filter(|s| s.trigger.as_deref() == Some(trigger.as_str()));
+        if let (Some(bar), Some(s)) = (&bar, &sync) {
+            bar.set_length(s.bytes_total.max(0) as u64);
+            bar.set_position(s.bytes_done.max(0) as u64);
+        }
+        if let Some(s) = sync.filter(|s| s.finished_at.is_some()) {
+            if let Some(bar) = &bar {
+                bar.finish_and_clear();
+            }
+            let synced = status.condition(CONDITION_SYNCED);
+            if s.digest.is_some() {
+                result.digest = s.digest.clone();
+                result.revision = s.revision.clone();
+                result.version = status
+                    .latest_version
+                    .clone()
+                    .filter(|_| status.latest_digest == s.digest);
+                result.state = "Synced".into();
+                return finish(ctx, &result, ExitCode::SUCCESS);
+            }
+            let (reason, message) = synced
+                .map(|c| (c.reason.clone(), c.message.clone()))
+                .unwrap_or_else(|| ("SyncFailed".into(), "no reason recorded".into()));
+            bail!(
+                "sync of {} into {namespace}/{name} failed: {reason}: {message}",
+                source.summary()
+            );
+        }
+        // A failure before the sync could start (e.g. a missing Secret) is not tied to the
+        // trigger; report it rather than wait for the timeout.
+        if let Some(c) = status.condition(CONDITION_SYNCED)
+            && c.status == "False"
+            && c.reason != "Syncing"
+            && status.sync.as_ref().and_then(|s| s.trigger.as_deref()) != Some(trigger.as_str())
+            && v.status.as_ref().and_then(|s| s.observed_generation) == volume.metadata.generation
+        {
+            if let Some(bar) = &bar {
+                bar.finish_and_clear();
+            }
+            bail!(
+                "cannot sync {} into {namespace}/{name}: {}: {}",
+                source.summary(),
+                c.reason,
+                c.message
+            );
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "gave up waiting after {}s; the sync goes on: `kubectl get svol -n {namespace} {name} -o wide`",
+                args.wait_timeout
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn finish(ctx: &Context, result: &SyncResult, code: ExitCode) -> anyhow::Result<ExitCode> {
+    if ctx.json() {
+        print_json(result)?;
+    } else if let Some(d) = &result.digest {
+        println!("{d}");
+    } else {
+        eprintln!("sync of {} into {} started", result.source, result.volume);
+    }
+    Ok(code)
+}
