@@ -816,3 +816,85 @@ fn bad_values_fail_with_the_field_named() {
     let err = run_helm(&helm, &["template", "sv", CHART]).expect_err("no store.url was accepted");
     assert!(err.contains("store.url is required"), "{err}");
 }
+
+/// The cargo-built binary `name`, when there is one (`$CARGO_TARGET_DIR/debug`, else
+/// `target/debug`).
+fn built_binary(name: &str) -> Option<PathBuf> {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"));
+    let path = target.join("debug").join(name);
+    path.is_file().then_some(path)
+}
+
+#[test]
+fn the_binaries_accept_the_flags_the_chart_passes() -> Result<()> {
+    let Some(helm) = helm("the_binaries_accept_the_flags_the_chart_passes") else {
+        return Ok(());
+    };
+    let variants: &[&[&str]] = &[
+        &[],
+        &[
+            "node.registrar.enabled=true",
+            "json:node.excludedGpuProducts=[]",
+        ],
+        &[
+            "store.existingSecret=s",
+            "store.endpoint=http://minio:9000",
+            "store.region=us-east-1",
+            "operator.gcDryRun=true",
+            "operator.gcInterval=0",
+            "operator.syncExecutor=inline",
+            "operator.syncJobResources.requests.cpu=500m",
+            "operator.syncJobResources.requests.memory=1Gi",
+            "operator.syncJobResources.limits.cpu=2",
+            "operator.syncJobResources.limits.memory=4Gi",
+            "cache.size=1.5Ti",
+            "node.memory=512M",
+        ],
+    ];
+    let mut checked = 0;
+    for sets in variants {
+        let docs = render(&helm, sets)?;
+        let deploy: Deployment = one(&docs, "Deployment")?;
+        let operator = deploy
+            .spec
+            .and_then(|s| s.template.spec)
+            .map(|s| s.containers[0].clone())
+            .context("no operator container")?;
+        let plugin = container(pod_spec(&daemonset(&docs)?), "plugin").clone();
+        for (c, name) in [(operator, "sealed-operator"), (plugin, "sealed-csi")] {
+            let Some(bin) = built_binary(name) else {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "the_binaries_accept_the_flags_the_chart_passes: {name} skipped: not built \
+                     (cargo build -p {name})"
+                );
+                continue;
+            };
+            // clap parses and validates every flag before it acts on a trailing --help, so
+            // this checks names and values without running anything.
+            let mut args: Vec<String> = c
+                .args
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|a| a.replace("$(NODE_NAME)", "node-1"))
+                .collect();
+            args.push("--help".into());
+            let out = Command::new(&bin).args(&args).output()?;
+            assert!(
+                out.status.success(),
+                "{} rejects the chart's flags {args:?} (values {sets:?}):\n{}",
+                bin.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            checked += 1;
+        }
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "the_binaries_accept_the_flags_the_chart_passes: {checked} flag sets checked"
+    );
+    Ok(())
+}
