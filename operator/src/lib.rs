@@ -8,6 +8,7 @@ pub mod error;
 pub mod gc_loop;
 pub mod http;
 pub mod metrics;
+pub mod source;
 pub mod source_adapter;
 pub mod sync;
 pub mod version;

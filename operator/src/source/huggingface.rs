@@ -1,0 +1,501 @@
+//! A Hugging Face Hub repository as a source, over the Hub's HTTP API:
+//!
+//! - `GET {endpoint}/api/{models|datasets}/{repo}/revision/{revision}` → `{"sha": <commit>}`
+//! - `GET {endpoint}/api/{models|datasets}/{repo}/tree/{commit}?recursive=true`, following
+//!   `Link: <…>; rel="next"` pages → `[{type, path, size, oid, lfs?: {oid, size}}]`
+//! - `GET {endpoint}[/datasets]/{repo}/resolve/{commit}/{path}` → the bytes (LFS files through
+//!   a redirect to the CDN, which reqwest follows; it drops `Authorization` across hosts).
+//!
+//! Everything is pinned to the commit the revision resolved to, so a branch that moves during
+//! the sync cannot mix two commits. LFS files are checked against the SHA-256 the tree
+//! publishes (and the ETag) while they stream.
+
+use std::sync::Arc;
+
+use futures::TryStreamExt;
+use reqwest::StatusCode;
+use reqwest::header::{HeaderMap, LINK};
+use sealed_crds::{HuggingFaceRepoType, HuggingFaceSource};
+use sealed_store::ingest::Ingest;
+use serde::Deserialize;
+use tokio_util::io::StreamReader;
+use url::Url;
+
+use super::{
+    RemoteFile, SourceCredentials, SourceError, SyncOptions, SyncProgress, Tap, backoff,
+    error_chain, globset, redact,
+};
+
+/// The public Hub.
+pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
+
+pub struct HubSource {
+    http: reqwest::Client,
+    endpoint: Url,
+    repo: String,
+    repo_type: HuggingFaceRepoType,
+    revision: String,
+    token: Option<String>,
+    include: Option<globset::GlobSet>,
+    exclude: Option<globset::GlobSet>,
+    retries: u32,
+    secrets: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct RevisionInfo {
+    sha: String,
+}
+
+#[derive(Deserialize)]
+struct TreeEntry {
+    #[serde(rename = "type")]
+    kind: String,
+    path: String,
+    #[serde(default)]
+    size: u64,
+    #[serde(default)]
+    lfs: Option<Lfs>,
+}
+
+#[derive(Deserialize)]
+struct Lfs {
+    oid: String,
+    size: u64,
+}
+
+/// What a request is for, so a 404 names the right thing.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Revision,
+    Tree,
+    File,
+}
+
+impl HubSource {
+    pub(crate) fn open(
+        src: &HuggingFaceSource,
+        creds: &SourceCredentials,
+        opts: &SyncOptions,
+    ) -> Result<HubSource, SourceError> {
+        let raw = src
+            .endpoint
+            .as_deref()
+            .filter(|e| !e.is_empty())
+            .unwrap_or(DEFAULT_ENDPOINT);
+        let endpoint = Url::parse(raw)
+            .ok()
+            .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
+            .ok_or_else(|| {
+                SourceError::Invalid(format!(
+                    "spec.source.huggingFace.endpoint {raw:?} is not an http(s) URL"
+                ))
+            })?;
+        let valid_part = |p: &str| {
+            !p.is_empty()
+                && p.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+                && !p.starts_with(['-', '.'])
+        };
+        let parts: Vec<&str> = src.repo.split('/').collect();
+        if parts.is_empty() || parts.len() > 2 || !parts.iter().all(|p| valid_part(p)) {
+            return Err(SourceError::Invalid(format!(
+                "spec.source.huggingFace.repo {:?} is not a repository id (org/name)",
+                src.repo
+            )));
+        }
+        if src.revision.is_empty() {
+            return Err(SourceError::Invalid(
+                "spec.source.huggingFace.revision is empty".into(),
+            ));
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(opts.timeout)
+            .read_timeout(opts.timeout)
+            .user_agent(concat!("sealed-volumes/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| SourceError::Invalid(format!("HTTP client: {e}")))?;
+        Ok(HubSource {
+            http,
+            endpoint,
+            repo: src.repo.clone(),
+            repo_type: src.repo_type,
+            revision: src.revision.clone(),
+            token: creds.hf_token.clone().filter(|t| !t.is_empty()),
+            include: globset(&src.include, "spec.source.huggingFace.include")?,
+            exclude: globset(&src.exclude, "spec.source.huggingFace.exclude")?,
+            retries: opts.retries,
+            secrets: creds.secrets(),
+        })
+    }
+
+    /// `hf://org/name` or `hf://datasets/org/name` (plus the endpoint when not the public Hub).
+    pub(crate) fn describe(&self) -> String {
+        let kind = match self.repo_type {
+            HuggingFaceRepoType::Model => "",
+            HuggingFaceRepoType::Dataset => "datasets/",
+        };
+        let host = self.endpoint.as_str().trim_end_matches('/');
+        if host == DEFAULT_ENDPOINT {
+            format!("hf://{kind}{}", self.repo)
+        } else {
+            format!("hf://{kind}{} at {host}", self.repo)
+        }
+    }
+
+    fn url(&self, segments: &[&str]) -> Result<Url, SourceError> {
+        let mut url = self.endpoint.clone();
+        url.path_segments_mut()
+            .map_err(|_| SourceError::Invalid(format!("endpoint {} has no path", self.endpoint)))?
+            .pop_if_empty()
+            .extend(segments);
+        Ok(url)
+    }
+
+    fn api_url(&self, tail: &[&str]) -> Result<Url, SourceError> {
+        let kind = match self.repo_type {
+            HuggingFaceRepoType::Model => "models",
+            HuggingFaceRepoType::Dataset => "datasets",
+        };
+        let mut segments = vec!["api", kind];
+        segments.extend(self.repo.split('/'));
+        segments.extend(tail);
+        self.url(&segments)
+    }
+
+    /// The commit the revision names now.
+    pub(crate) async fn resolve(&self) -> Result<String, SourceError> {
+        let url = self.api_url(&["revision", &self.revision])?;
+        let resp = self.get(url, Stage::Revision, "the revision").await?;
+        let info: RevisionInfo = resp.json().await.map_err(|e| self.protocol(&e))?;
+        let sha = info.sha.to_ascii_lowercase();
+        if sha.len() != 40 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(SourceError::Protocol {
+                what: self.describe(),
+                detail: format!(
+                    "revision {:?} resolved to {sha:?}, not a commit",
+                    self.revision
+                ),
+            });
+        }
+        Ok(sha)
+    }
+
+    /// Every file of the commit that passes include/exclude, sorted by path.
+    pub(crate) async fn list(&self, commit: &str) -> Result<Vec<RemoteFile>, SourceError> {
+        let mut url = self.api_url(&["tree", commit])?;
+        url.query_pairs_mut().append_pair("recursive", "true");
+        let mut files = Vec::new();
+        let mut pages = 0;
+        loop {
+            pages += 1;
+            if pages > 100_000 {
+                return Err(SourceError::Protocol {
+                    what: self.describe(),
+                    detail: "the tree listing never ends".into(),
+                });
+            }
+            let resp = self.get(url.clone(), Stage::Tree, "the file tree").await?;
+            let next = next_link(resp.headers(), &url);
+            let entries: Vec<TreeEntry> = resp.json().await.map_err(|e| self.protocol(&e))?;
+            for e in entries {
+                if e.kind != "file" || !self.wanted(&e.path) {
+                    continue;
+                }
+                let (size, sha256) = match e.lfs {
+                    Some(lfs) => (lfs.size, Some(lfs.oid.to_ascii_lowercase())),
+                    None => (e.size, None),
+                };
+                files.push(RemoteFile {
+                    path: e.path.clone(),
+                    key: e.path,
+                    size,
+                    sha256,
+                    etag: None,
+                });
+            }
+            match next {
+                Some(n) => url = n,
+                None => break,
+            }
+        }
+        files.sort_by(|a, b| a.path.cmp(&b.path));
+        files.dedup_by(|a, b| a.path == b.path);
+        if files.is_empty() {
+            return Err(SourceError::NoFiles {
+                what: format!("{}@{commit}", self.describe()),
+                detail: if self.include.is_some() || self.exclude.is_some() {
+                    "no file matches include/exclude".into()
+                } else {
+                    "the repository has no files".into()
+                },
+            });
+        }
+        Ok(files)
+    }
+
+    fn wanted(&self, path: &str) -> bool {
+        self.include.as_ref().is_none_or(|s| s.is_match(path))
+            && !self.exclude.as_ref().is_some_and(|s| s.is_match(path))
+    }
+
+    /// Streams one file of `commit` into the ingest, retrying a download that broke off and
+    /// checking an LFS file against its published SHA-256.
+    pub(crate) async fn fetch(
+        &self,
+        ingest: &Ingest,
+        commit: &str,
+        file: &RemoteFile,
+        progress: &Arc<dyn SyncProgress>,
+    ) -> Result<(), SourceError> {
+        let mut segments = Vec::new();
+        if self.repo_type == HuggingFaceRepoType::Dataset {
+            segments.push("datasets");
+        }
+        segments.extend(self.repo.split('/'));
+        segments.extend(["resolve", commit]);
+        segments.extend(file.key.split('/'));
+        let url = self.url(&segments)?;
+        let mut attempt = 0;
+        loop {
+            let resp = self.get(url.clone(), Stage::File, &file.path).await?;
+            let etag = etag(resp.headers());
+            let body = resp.bytes_stream().map_err(std::io::Error::other);
+            let mut tap = Tap::new(StreamReader::new(Box::pin(body)));
+            let added = ingest
+                .add_file(&file.path, false, Some(file.size), &mut tap)
+                .await;
+            match added {
+                Ok(_) => {
+                    let actual = tap.sha256_hex();
+                    let expected = file.sha256.clone().or_else(|| {
+                        // A 64-hex ETag on a non-LFS file is a SHA-256 too (some mirrors).
+                        etag.clone()
+                            .filter(|e| e.len() == 64 && e.bytes().all(|b| b.is_ascii_hexdigit()))
+                    });
+                    if let Some(expected) = expected
+                        && expected != actual
+                    {
+                        return Err(self.mismatch(file, expected, actual));
+                    }
+                    if file.sha256.is_some()
+                        && let Some(etag) = etag.filter(|e| e.len() == 64)
+                        && etag != actual
+                    {
+                        return Err(self.mismatch(file, etag, actual));
+                    }
+                    return Ok(());
+                }
+                Err(e) if tap.failed && attempt < self.retries => {
+                    attempt += 1;
+                    tracing::warn!(
+                        source = %self.describe(),
+                        path = %file.path,
+                        attempt,
+                        error = %redact(&e.to_string(), &self.secrets),
+                        "download broke off; retrying the file"
+                    );
+                    progress.retry(&file.path);
+                    tokio::time::sleep(backoff(attempt)).await;
+                }
+                Err(e) if tap.failed => {
+                    return Err(SourceError::Unavailable {
+                        what: format!("{} file '{}'", self.describe(), file.path),
+                        detail: redact(&error_chain(&e), &self.secrets),
+                    });
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    fn mismatch(&self, file: &RemoteFile, expected: String, actual: String) -> SourceError {
+        SourceError::IntegrityMismatch {
+            what: self.describe(),
+            path: file.path.clone(),
+            expected: format!("sha256:{expected}"),
+            actual: format!("sha256:{actual}"),
+        }
+    }
+
+    fn protocol(&self, e: &reqwest::Error) -> SourceError {
+        SourceError::Protocol {
+            what: self.describe(),
+            detail: redact(&error_chain(e), &self.secrets),
+        }
+    }
+
+    /// A GET with the token, retried with backoff on connection errors, 429 and 5xx.
+    async fn get(
+        &self,
+        url: Url,
+        stage: Stage,
+        what: &str,
+    ) -> Result<reqwest::Response, SourceError> {
+        let mut attempt = 0;
+        loop {
+            let mut req = self.http.get(url.clone());
+            if let Some(token) = &self.token {
+                req = req.bearer_auth(token);
+            }
+            let failure = match req.send().await {
+                Ok(resp) if resp.status().is_success() => return Ok(resp),
+                Ok(resp) => {
+                    let status = resp.status();
+                    if !(status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS)
+                        || attempt >= self.retries
+                    {
+                        return Err(self.status_error(resp, stage, what).await);
+                    }
+                    format!("HTTP {status}")
+                }
+                Err(e) => {
+                    let detail = redact(&error_chain(&e), &self.secrets);
+                    if attempt >= self.retries {
+                        return Err(SourceError::Unavailable {
+                            what: format!("{} ({what})", self.describe()),
+                            detail,
+                        });
+                    }
+                    detail
+                }
+            };
+            attempt += 1;
+            tracing::debug!(source = %self.describe(), what, attempt, failure = %failure, "retrying");
+            tokio::time::sleep(backoff(attempt)).await;
+        }
+    }
+
+    async fn status_error(&self, resp: reqwest::Response, stage: Stage, what: &str) -> SourceError {
+        let status = resp.status();
+        let header = |name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let code = header("x-error-code").unwrap_or_default();
+        let message = header("x-error-message");
+        let body = resp.text().await.unwrap_or_default();
+        let mut detail = message.unwrap_or_else(|| body.chars().take(300).collect());
+        detail = redact(detail.trim(), &self.secrets);
+        let detail = if detail.is_empty() {
+            format!("HTTP {status}")
+        } else {
+            format!("HTTP {status}: {detail}")
+        };
+        let repo_not_found = || SourceError::RepoNotFound {
+            repo: self.repo.clone(),
+            endpoint: self.endpoint.as_str().trim_end_matches('/').to_owned(),
+        };
+        match (status, code.as_str()) {
+            (_, "RevisionNotFound") => SourceError::RevisionNotFound {
+                repo: self.repo.clone(),
+                revision: self.revision.clone(),
+            },
+            (_, "GatedRepo") => SourceError::AccessDenied {
+                what: self.describe(),
+                detail: format!(
+                    "{detail}; the repository is gated: accept its conditions on the Hub with the account whose token is in tokenSecretRef"
+                ),
+            },
+            (StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN, _) => SourceError::AccessDenied {
+                what: self.describe(),
+                detail: if self.token.is_some() {
+                    format!(
+                        "{detail}; the token in tokenSecretRef has no access to this private or gated repository (or it does not exist)"
+                    )
+                } else {
+                    format!(
+                        "{detail}; the repository is private or gated (or does not exist): set spec.source.huggingFace.tokenSecretRef"
+                    )
+                },
+            },
+            (StatusCode::NOT_FOUND, "EntryNotFound") => SourceError::SourceChanged {
+                what: self.describe(),
+                path: what.to_owned(),
+                detail,
+            },
+            (StatusCode::NOT_FOUND, _) if stage == Stage::File => SourceError::SourceChanged {
+                what: self.describe(),
+                path: what.to_owned(),
+                detail,
+            },
+            (StatusCode::NOT_FOUND, _) => repo_not_found(),
+            (s, _) if s.is_server_error() || s == StatusCode::TOO_MANY_REQUESTS => {
+                SourceError::Unavailable {
+                    what: format!("{} ({what})", self.describe()),
+                    detail,
+                }
+            }
+            _ => SourceError::Protocol {
+                what: format!("{} ({what})", self.describe()),
+                detail,
+            },
+        }
+    }
+}
+
+/// The ETag without quotes or weak marker, lowercased (`X-Linked-Etag` first: on the Hub it
+/// is the LFS SHA-256 when the answer is a redirect).
+fn etag(headers: &HeaderMap) -> Option<String> {
+    ["x-linked-etag", "etag"].iter().find_map(|name| {
+        let v = headers.get(*name)?.to_str().ok()?;
+        let v = v.trim().trim_start_matches("W/").trim_matches('"');
+        (!v.is_empty()).then(|| v.to_ascii_lowercase())
+    })
+}
+
+/// The `rel="next"` target of a `Link` header, resolved against the current URL.
+fn next_link(headers: &HeaderMap, base: &Url) -> Option<Url> {
+    for value in headers.get_all(LINK) {
+        let Ok(value) = value.to_str() else { continue };
+        for link in value.split(',') {
+            let mut parts = link.split(';');
+            let target = parts.next()?.trim();
+            let is_next = parts.any(|p| {
+                let p = p.trim().replace(' ', "");
+                p == "rel=\"next\"" || p == "rel=next"
+            });
+            if is_next
+                && let Some(inner) = target.strip_prefix('<').and_then(|t| t.strip_suffix('>'))
+            {
+                return base.join(inner).ok();
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::header::HeaderValue;
+
+    #[test]
+    fn link_header() {
+        let base = Url::parse("http://h/api/models/a/b/tree/x?recursive=true").unwrap();
+        let mut h = HeaderMap::new();
+        h.insert(
+            LINK,
+            HeaderValue::from_static(
+                "<http://h/api/models/a/b/tree/x?recursive=true&cursor=abc>; rel=\"next\"",
+            ),
+        );
+        assert_eq!(
+            next_link(&h, &base).unwrap().as_str(),
+            "http://h/api/models/a/b/tree/x?recursive=true&cursor=abc"
+        );
+        h.insert(LINK, HeaderValue::from_static("</p2>; rel=\"prev\""));
+        assert!(next_link(&h, &base).is_none());
+    }
+
+    #[test]
+    fn etag_forms() {
+        let mut h = HeaderMap::new();
+        h.insert("etag", HeaderValue::from_static("W/\"ABC\""));
+        assert_eq!(etag(&h).as_deref(), Some("abc"));
+        h.insert("x-linked-etag", HeaderValue::from_static("\"def\""));
+        assert_eq!(etag(&h).as_deref(), Some("def"));
+    }
+}

@@ -1,0 +1,479 @@
+//! Source readers: stream a Hugging Face repository or an object-store prefix into the store
+//! and seal it, with nothing staged on disk.
+//!
+//! [`sync_source`] is the one entry point. It resolves the source to an immutable revision (a
+//! Hub commit, or a hash of the listing's ETags), lists the files, streams each one through
+//! [`sealed_store::ingest::Ingest`] (the same chunker and manifest as `sealed push`, so the same
+//! files give the same digest) and seals the version. The operator's controller calls it inline;
+//! the `sealed-operator sync` Job calls it too. Errors are [`SourceError`]s whose
+//! [`reason`](SourceError::reason) is a CamelCase condition reason and whose message never holds
+//! a secret. See `docs/sources.md`.
+
+pub mod bucket;
+pub mod huggingface;
+
+use std::collections::BTreeMap;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use sealed_crds::{Source, SourceKind};
+use sealed_store::ingest::{Ingest, IngestOptions, IngestReport};
+use sealed_store::progress::Phase;
+use sealed_store::{ChunkStore, Digest, Progress};
+use sha2::{Digest as _, Sha256};
+use tokio::io::{AsyncRead, ReadBuf};
+
+/// Secrets for one source. `Debug` never prints values.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct SourceCredentials {
+    /// The Hugging Face access token (`Authorization: Bearer`).
+    pub hf_token: Option<String>,
+    /// Object-store settings as environment-style keys: AWS_ACCESS_KEY_ID,
+    /// AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AZURE_STORAGE_ACCOUNT_NAME,
+    /// AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_TOKEN, GOOGLE_SERVICE_ACCOUNT_KEY, ...
+    /// Empty means the ambient credentials of the process (its environment, workload
+    /// identity, instance role).
+    pub object_store: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for SourceCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SourceCredentials")
+            .field("hf_token", &self.hf_token.as_ref().map(|_| "<redacted>"))
+            .field(
+                "object_store_keys",
+                &self.object_store.keys().collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl SourceCredentials {
+    /// Every secret value, longest first, for scrubbing messages.
+    fn secrets(&self) -> Vec<String> {
+        // Names, places and regions are not secrets; keeping them makes messages useful.
+        let public = ["ACCOUNT_NAME", "REGION", "ENDPOINT", "BUCKET", "CONTAINER"];
+        let secret_values = self
+            .object_store
+            .iter()
+            .filter(|(k, _)| {
+                let k = k.to_ascii_uppercase();
+                !public.iter().any(|p| k.contains(p))
+            })
+            .map(|(_, v)| v);
+        let mut out: Vec<String> = self
+            .hf_token
+            .iter()
+            .chain(secret_values)
+            .filter(|v| v.len() >= 4)
+            .cloned()
+            .collect();
+        out.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        out
+    }
+}
+
+/// How a sync runs.
+#[derive(Clone, Debug)]
+pub struct SyncOptions {
+    /// Record the version under this volume name (`namespace/name`) in the store.
+    pub volume: Option<String>,
+    /// Chunk existence checks and uploads in flight at once.
+    pub concurrency: usize,
+    /// Files downloaded at once.
+    pub parallel_files: usize,
+    /// Retries of a failed request (5xx, 429, connection errors), and of a file whose
+    /// download broke off, with exponential backoff.
+    pub retries: u32,
+    /// Connect and read timeout of each request (not of a whole download).
+    pub timeout: Duration,
+}
+
+impl Default for SyncOptions {
+    fn default() -> Self {
+        SyncOptions {
+            volume: None,
+            concurrency: 16,
+            parallel_files: 4,
+            retries: 5,
+            timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What a finished sync sealed.
+#[derive(Clone, Debug)]
+pub struct SyncOutcome {
+    /// The version's digest, exactly what `sealed push` of the same files gives.
+    pub digest: Digest,
+    /// The ingest's numbers (uploaded and reused bytes, chunks, directories, ...).
+    pub report: IngestReport,
+    /// The immutable source revision: the Hub commit (40 hex), or for an object store
+    /// `etags:<64 hex>`, a BLAKE3 over the sorted (path, ETag, size) listing.
+    pub source_revision: String,
+    /// Files synced (after include/exclude).
+    pub files: u64,
+    /// Bytes of file content synced.
+    pub bytes: u64,
+}
+
+/// Progress of a sync. Every method has a no-op default; calls come from several tasks.
+pub trait SyncProgress: Send + Sync {
+    /// The listing is done: this many files and bytes will be streamed.
+    fn listed(&self, _files: u64, _bytes: u64) {}
+    /// `bytes` more were read from the source and chunked.
+    fn advance(&self, _bytes: u64) {}
+    /// One more file is sealed into the version.
+    fn file_done(&self, _path: &str, _bytes: u64) {}
+    /// A chunk of `bytes` had to be uploaded.
+    fn uploaded(&self, _bytes: u64) {}
+    /// A chunk of `bytes` was already in the store.
+    fn reused(&self, _bytes: u64) {}
+    /// A failed download of `path` is retried (its bytes are read again).
+    fn retry(&self, _path: &str) {}
+}
+
+/// Reports nothing.
+pub struct NoSyncProgress;
+impl SyncProgress for NoSyncProgress {}
+
+/// The store's progress events, passed on.
+struct IngestProgress(Arc<dyn SyncProgress>);
+impl Progress for IngestProgress {
+    fn start(&self, _phase: Phase, _total_bytes: u64) {}
+    fn advance(&self, bytes: u64) {
+        self.0.advance(bytes);
+    }
+    fn uploaded(&self, bytes: u64) {
+        self.0.uploaded(bytes);
+    }
+    fn reused(&self, bytes: u64) {
+        self.0.reused(bytes);
+    }
+}
+
+/// Why a sync failed. [`reason`](Self::reason) is the condition reason; the message says what
+/// to do and never holds a token or key.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("invalid source: {0}")]
+    Invalid(String),
+
+    #[error("an upload source has nothing to sync: its versions arrive from `sealed push`")]
+    NotSyncable,
+
+    #[error(
+        "Hugging Face repository {repo} not found at {endpoint}: check spec.source.huggingFace.repo and repoType"
+    )]
+    RepoNotFound { repo: String, endpoint: String },
+
+    #[error(
+        "revision {revision:?} not found in Hugging Face repository {repo}: use a branch, tag or commit that exists"
+    )]
+    RevisionNotFound { repo: String, revision: String },
+
+    #[error("access to {what} denied: {detail}")]
+    AccessDenied { what: String, detail: String },
+
+    #[error(
+        "{url}: the store rejected the credentials ({detail}); check the keys in spec.source.objectStore.credentialsSecretRef"
+    )]
+    CredentialsRejected { url: String, detail: String },
+
+    #[error("{url}: credentials are unusable: {detail}")]
+    InvalidCredentials { url: String, detail: String },
+
+    #[error("bucket or container of {url} not found ({detail}); check spec.source.objectStore.url")]
+    BucketNotFound { url: String, detail: String },
+
+    #[error(
+        "'{path}' from {what}: downloaded content does not match its published hash (expected {expected}, got {actual}); nothing was sealed"
+    )]
+    IntegrityMismatch {
+        what: String,
+        path: String,
+        expected: String,
+        actual: String,
+    },
+
+    #[error(
+        "'{path}' in {what} changed or vanished during the sync ({detail}); the next sync picks up the new content"
+    )]
+    SourceChanged {
+        what: String,
+        path: String,
+        detail: String,
+    },
+
+    #[error("nothing to sync in {what}: {detail}")]
+    NoFiles { what: String, detail: String },
+
+    #[error("{what} is unavailable: {detail}")]
+    Unavailable { what: String, detail: String },
+
+    #[error("{what}: unexpected answer: {detail}")]
+    Protocol { what: String, detail: String },
+
+    #[error("store: {0}")]
+    Store(#[from] sealed_store::Error),
+}
+
+impl SourceError {
+    /// The CamelCase reason for a condition (`RepoNotFound`, `AccessDenied`, ...).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            SourceError::Invalid(_) => "InvalidSource",
+            SourceError::NotSyncable => "NotSyncable",
+            SourceError::RepoNotFound { .. } => "RepoNotFound",
+            SourceError::RevisionNotFound { .. } => "RevisionNotFound",
+            SourceError::AccessDenied { .. } => "AccessDenied",
+            SourceError::CredentialsRejected { .. } => "CredentialsRejected",
+            SourceError::InvalidCredentials { .. } => "InvalidCredentials",
+            SourceError::BucketNotFound { .. } => "BucketNotFound",
+            SourceError::IntegrityMismatch { .. } => "IntegrityMismatch",
+            SourceError::SourceChanged { .. } => "SourceChanged",
+            SourceError::NoFiles { .. } => "NothingToSync",
+            SourceError::Unavailable { .. } => "SourceUnavailable",
+            SourceError::Protocol { .. } => "SourceError",
+            SourceError::Store(_) => "StoreError",
+        }
+    }
+
+    /// False when a later retry may succeed without anyone changing anything (network, a
+    /// store hiccup, a source that changed mid-sync, a corrupted transfer).
+    pub fn is_permanent(&self) -> bool {
+        !matches!(
+            self,
+            SourceError::Unavailable { .. }
+                | SourceError::Store(_)
+                | SourceError::SourceChanged { .. }
+                | SourceError::IntegrityMismatch { .. }
+        )
+    }
+}
+
+/// One file to stream: where it lands in the version and what the source promised.
+#[derive(Clone, Debug)]
+pub(crate) struct RemoteFile {
+    /// Path in the version (relative, `/`-separated).
+    pub path: String,
+    /// Where the source keeps it (the repository path, the object key).
+    pub key: String,
+    pub size: u64,
+    /// The published SHA-256 (Hub LFS files).
+    pub sha256: Option<String>,
+    /// The ETag the listing showed (object stores).
+    pub etag: Option<String>,
+}
+
+/// An opened source, ready to list and stream.
+enum Opened {
+    Hub(Box<huggingface::HubSource>),
+    Bucket(bucket::BucketSource),
+}
+
+impl Opened {
+    fn open(
+        source: &Source,
+        creds: &SourceCredentials,
+        opts: &SyncOptions,
+    ) -> Result<Opened, SourceError> {
+        match source
+            .kind()
+            .map_err(|e| SourceError::Invalid(e.to_string()))?
+        {
+            SourceKind::HuggingFace(hf) => Ok(Opened::Hub(Box::new(huggingface::HubSource::open(
+                hf, creds, opts,
+            )?))),
+            SourceKind::ObjectStore(os) => {
+                Ok(Opened::Bucket(bucket::BucketSource::open(os, creds, opts)?))
+            }
+            SourceKind::Upload(_) => Err(SourceError::NotSyncable),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Opened::Hub(h) => h.describe(),
+            Opened::Bucket(b) => b.describe(),
+        }
+    }
+}
+
+/// The source's current immutable revision, without syncing anything: a Hub commit, or for an
+/// object store `etags:<64 hex>` over its listing. Cheap enough to poll for changes.
+pub async fn resolve_revision(
+    source: &Source,
+    creds: &SourceCredentials,
+    opts: &SyncOptions,
+) -> Result<String, SourceError> {
+    match Opened::open(source, creds, opts)? {
+        Opened::Hub(hub) => hub.resolve().await,
+        Opened::Bucket(bucket) => Ok(bucket.list().await?.0),
+    }
+}
+
+/// Streams `source` into `store` and seals it as one version; see the module docs.
+pub async fn sync_source(
+    store: &ChunkStore,
+    source: &Source,
+    creds: &SourceCredentials,
+    opts: &SyncOptions,
+    progress: Arc<dyn SyncProgress>,
+) -> Result<SyncOutcome, SourceError> {
+    let opened = Opened::open(source, creds, opts)?;
+    let what = opened.describe();
+    let (revision, files) = match &opened {
+        Opened::Hub(hub) => {
+            let commit = hub.resolve().await?;
+            let files = hub.list(&commit).await?;
+            (commit, files)
+        }
+        Opened::Bucket(bucket) => bucket.list().await?,
+    };
+    let file_count = files.len() as u64;
+    let bytes: u64 = files.iter().map(|f| f.size).sum();
+    tracing::info!(source = %what, revision = %revision, files = file_count, bytes, "syncing");
+    progress.listed(file_count, bytes);
+
+    let ingest_opts = IngestOptions {
+        concurrency: opts.concurrency,
+        volume: opts.volume.clone(),
+        purpose: format!("sync {what} at {revision}"),
+        ..Default::default()
+    };
+    let ingest = Ingest::new(
+        store,
+        &ingest_opts,
+        Arc::new(IngestProgress(progress.clone())),
+    )
+    .await?;
+    ingest.start(bytes);
+    let streamed = {
+        let (ingest, opened, revision, progress) = (&ingest, &opened, &revision, &progress);
+        futures::stream::iter(files.into_iter().map(Ok))
+            .try_for_each_concurrent(opts.parallel_files.max(1), |file: RemoteFile| async move {
+                match opened {
+                    Opened::Hub(hub) => hub.fetch(ingest, revision, &file, progress).await?,
+                    Opened::Bucket(bucket) => bucket.fetch(ingest, &file, progress).await?,
+                }
+                progress.file_done(&file.path, file.size);
+                Ok::<_, SourceError>(())
+            })
+            .await
+    };
+    if let Err(e) = streamed {
+        ingest.abort().await;
+        return Err(e);
+    }
+    let report = ingest.seal().await?;
+    tracing::info!(source = %what, revision = %revision, digest = %report.digest, "sync sealed");
+    Ok(SyncOutcome {
+        digest: report.digest,
+        files: report.files,
+        bytes: report.bytes,
+        report,
+        source_revision: revision,
+    })
+}
+
+/// Replaces every secret value in `text` with `***`.
+pub(crate) fn redact(text: &str, secrets: &[String]) -> String {
+    let mut out = text.to_owned();
+    for secret in secrets {
+        if out.contains(secret.as_str()) {
+            out = out.replace(secret.as_str(), "***");
+        }
+    }
+    out
+}
+
+/// An error's message with its causes, as one line.
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let s = c.to_string();
+        if !text.contains(&s) {
+            text.push_str(": ");
+            text.push_str(&s);
+        }
+        cause = c.source();
+    }
+    text
+}
+
+/// Exponential backoff for retry `attempt` (1-based): 200 ms, 400 ms, ... capped at 10 s.
+pub(crate) fn backoff(attempt: u32) -> Duration {
+    Duration::from_millis(200u64.saturating_mul(1 << attempt.min(6))).min(Duration::from_secs(10))
+}
+
+/// Wraps a download: hashes what passes (SHA-256) and remembers whether the source itself
+/// failed, so a broken-off download can be retried while a store failure is not.
+pub(crate) struct Tap<R> {
+    inner: R,
+    sha256: Sha256,
+    pub failed: bool,
+}
+
+impl<R> Tap<R> {
+    pub fn new(inner: R) -> Self {
+        Tap {
+            inner,
+            sha256: Sha256::new(),
+            failed: false,
+        }
+    }
+
+    pub fn sha256_hex(self) -> String {
+        hex::encode(self.sha256.finalize())
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for Tap<R> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                this.sha256.update(&buf.filled()[before..]);
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => {
+                this.failed = true;
+                Poll::Ready(Err(e))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// Compiles include/exclude patterns (fnmatch-style, as `huggingface_hub` applies them: `*`
+/// matches across `/`, so `*.json` matches `sub/config.json`).
+pub(crate) fn globset(
+    patterns: &[String],
+    field: &str,
+) -> Result<Option<globset::GlobSet>, SourceError> {
+    if patterns.is_empty() {
+        return Ok(None);
+    }
+    let mut set = globset::GlobSetBuilder::new();
+    for p in patterns {
+        let glob = globset::GlobBuilder::new(p)
+            .literal_separator(false)
+            .build()
+            .map_err(|e| SourceError::Invalid(format!("{field}: pattern {p:?}: {e}")))?;
+        set.add(glob);
+    }
+    set.build()
+        .map(Some)
+        .map_err(|e| SourceError::Invalid(format!("{field}: {e}")))
+}

@@ -1,0 +1,532 @@
+//! Source readers against real servers: a sync seals exactly the digest `sealed push` gives
+//! for the same files, honours include/exclude, reuses unchanged chunks, and fails with the
+//! right reason (and no secret in the message) when it cannot.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, PutPayload};
+use sealed_crds::{HuggingFaceRepoType, HuggingFaceSource, ObjectStoreSource, Source};
+use sealed_operator::source::{
+    NoSyncProgress, SourceCredentials, SourceError, SyncOptions, SyncOutcome, SyncProgress,
+    resolve_revision, sync_source,
+};
+use sealed_store::push::{PushOptions, push};
+use sealed_store::{ChunkStore, Digest, NoProgress};
+use support::{AZURITE_ACCOUNT, AZURITE_KEY, pseudo_random};
+
+/// A model-shaped tree: nested directories, an empty file, a file over 8 MiB, one shorter than
+/// the minimum chunk, JSON. (Sources carry no empty directories, symlinks or modes.)
+fn model_tree(root: &Path) {
+    fs::create_dir_all(root.join("weights")).unwrap();
+    fs::create_dir_all(root.join("sub/dir")).unwrap();
+    fs::write(root.join("config.json"), b"{\"hidden\": 4096}\n").unwrap();
+    fs::write(root.join("tokenizer.json"), pseudo_random(300 << 10, 3)).unwrap();
+    fs::write(root.join("empty.txt"), b"").unwrap();
+    fs::write(root.join("tiny.bin"), pseudo_random(1000, 4)).unwrap();
+    fs::write(
+        root.join("weights/model-00001.safetensors"),
+        pseudo_random(9 << 20, 1),
+    )
+    .unwrap();
+    fs::write(
+        root.join("weights/model-00002.safetensors"),
+        pseudo_random(2 << 20, 2),
+    )
+    .unwrap();
+    fs::write(root.join("sub/dir/deep.txt"), b"deep\n").unwrap();
+}
+
+/// Rewrites the tail of the big shard: most of its chunks stay the same.
+fn change_one_file(root: &Path) {
+    let path = root.join("weights/model-00001.safetensors");
+    let mut data = fs::read(&path).unwrap();
+    let n = data.len();
+    data[n - 1000..].copy_from_slice(&pseudo_random(1000, 99));
+    fs::write(path, data).unwrap();
+}
+
+async fn push_digest(dir: &Path) -> Digest {
+    push(
+        &ChunkStore::memory(),
+        dir,
+        &PushOptions::default(),
+        Arc::new(NoProgress),
+    )
+    .await
+    .unwrap()
+    .digest
+}
+
+fn copy_tree(from: &Path, to: &Path, keep: &dyn Fn(&str) -> bool) {
+    fn walk(root: &Path, dir: &Path, to: &Path, keep: &dyn Fn(&str) -> bool) {
+        for e in fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            if p.is_dir() {
+                walk(root, &p, to, keep);
+                continue;
+            }
+            let rel = p.strip_prefix(root).unwrap().to_str().unwrap().to_owned();
+            if rel.starts_with('.') || !keep(&rel) {
+                continue;
+            }
+            let dest = to.join(&rel);
+            fs::create_dir_all(dest.parent().unwrap()).unwrap();
+            fs::copy(&p, dest).unwrap();
+        }
+    }
+    fs::create_dir_all(to).unwrap();
+    walk(from, from, to, keep);
+}
+
+#[derive(Default)]
+struct Counting {
+    listed_files: AtomicU64,
+    listed_bytes: AtomicU64,
+    advanced: AtomicU64,
+    files_done: AtomicU64,
+    retries: AtomicU64,
+}
+
+impl SyncProgress for Counting {
+    fn listed(&self, files: u64, bytes: u64) {
+        self.listed_files.store(files, Ordering::SeqCst);
+        self.listed_bytes.store(bytes, Ordering::SeqCst);
+    }
+    fn advance(&self, bytes: u64) {
+        self.advanced.fetch_add(bytes, Ordering::SeqCst);
+    }
+    fn file_done(&self, _path: &str, _bytes: u64) {
+        self.files_done.fetch_add(1, Ordering::SeqCst);
+    }
+    fn retry(&self, _path: &str) {
+        self.retries.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn hf(endpoint: &str, repo: &str, revision: &str) -> HuggingFaceSource {
+    HuggingFaceSource {
+        repo: repo.into(),
+        revision: revision.into(),
+        repo_type: HuggingFaceRepoType::Model,
+        include: vec![],
+        exclude: vec![],
+        token_secret_ref: None,
+        endpoint: Some(endpoint.into()),
+    }
+}
+
+fn opts() -> SyncOptions {
+    SyncOptions {
+        retries: 3,
+        timeout: std::time::Duration::from_secs(20),
+        ..Default::default()
+    }
+}
+
+async fn sync(
+    store: &ChunkStore,
+    source: &Source,
+    creds: &SourceCredentials,
+) -> Result<SyncOutcome, SourceError> {
+    sync_source(store, source, creds, &opts(), Arc::new(NoSyncProgress)).await
+}
+
+#[tokio::test]
+async fn hugging_face_sync_matches_push() {
+    let hub_root = tempfile::tempdir().unwrap();
+    let repo = hub_root.path().join("acme/llm");
+    model_tree(&repo);
+    // Three entries a page: the listing takes several pages.
+    let Some(hub) = support::start_hub(hub_root.path(), 3) else {
+        return;
+    };
+    let store = ChunkStore::memory();
+    let source = Source::hugging_face(hf(&hub.url, "acme/llm", "main"));
+    let progress = Arc::new(Counting::default());
+    let first = sync_source(
+        &store,
+        &source,
+        &SourceCredentials::default(),
+        &opts(),
+        progress.clone(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(first.digest, push_digest(&repo).await);
+    assert_eq!(first.files, 7);
+    assert_eq!(first.source_revision.len(), 40);
+    assert_eq!(progress.listed_files.load(Ordering::SeqCst), 7);
+    assert_eq!(progress.files_done.load(Ordering::SeqCst), 7);
+    assert_eq!(
+        progress.advanced.load(Ordering::SeqCst),
+        progress.listed_bytes.load(Ordering::SeqCst)
+    );
+    let manifest = store.get_manifest(&first.digest).await.unwrap();
+    assert!(manifest.entries.iter().any(|e| e.path == "sub/dir"));
+    assert_eq!(
+        resolve_revision(&source, &SourceCredentials::default(), &opts())
+            .await
+            .unwrap(),
+        first.source_revision
+    );
+
+    // A new commit with one changed file uploads only the changed chunks.
+    change_one_file(&repo);
+    let second = sync(&store, &source, &SourceCredentials::default())
+        .await
+        .unwrap();
+    assert_ne!(second.source_revision, first.source_revision);
+    assert_ne!(second.digest, first.digest);
+    assert_eq!(second.digest, push_digest(&repo).await);
+    assert!(
+        second.report.bytes_reused >= 8 << 20,
+        "reused only {} bytes",
+        second.report.bytes_reused
+    );
+    assert!(second.report.bytes_uploaded <= 5 << 20);
+
+    // The same sync, pinned to the commit instead of the branch.
+    let pinned = Source::hugging_face(hf(&hub.url, "acme/llm", &second.source_revision));
+    let again = sync(&store, &pinned, &SourceCredentials::default())
+        .await
+        .unwrap();
+    assert_eq!(again.digest, second.digest);
+    assert_eq!(again.report.bytes_uploaded, 0);
+}
+
+#[tokio::test]
+async fn hugging_face_include_exclude() {
+    let hub_root = tempfile::tempdir().unwrap();
+    let repo = hub_root.path().join("acme/llm");
+    model_tree(&repo);
+    let Some(hub) = support::start_hub(hub_root.path(), 50) else {
+        return;
+    };
+    let mut spec = hf(&hub.url, "acme/llm", "main");
+    spec.include = vec!["*.json".into(), "*.safetensors".into()];
+    spec.exclude = vec!["*-00002.*".into()];
+    let outcome = sync(
+        &ChunkStore::memory(),
+        &Source::hugging_face(spec),
+        &SourceCredentials::default(),
+    )
+    .await
+    .unwrap();
+    let expected = tempfile::tempdir().unwrap();
+    copy_tree(&repo, expected.path(), &|p| {
+        (p.ends_with(".json") || p.ends_with(".safetensors")) && !p.contains("-00002.")
+    });
+    assert_eq!(outcome.files, 3);
+    assert_eq!(outcome.digest, push_digest(expected.path()).await);
+
+    // Patterns that match nothing are an error, not an empty version.
+    let mut spec = hf(&hub.url, "acme/llm", "main");
+    spec.include = vec!["*.gguf".into()];
+    let err = sync(
+        &ChunkStore::memory(),
+        &Source::hugging_face(spec),
+        &SourceCredentials::default(),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.reason(), "NothingToSync", "{err}");
+}
+
+#[tokio::test]
+async fn hugging_face_errors() {
+    let hub_root = tempfile::tempdir().unwrap();
+    let token = "hf_secret_token_0123456789";
+    let private = hub_root.path().join("acme/private");
+    fs::create_dir_all(&private).unwrap();
+    fs::write(private.join("config.json"), b"{}").unwrap();
+    fs::write(private.join(".private"), token).unwrap();
+    let corrupt = hub_root.path().join("acme/corrupt");
+    fs::create_dir_all(&corrupt).unwrap();
+    fs::write(corrupt.join("model.bin"), pseudo_random(3 << 20, 7)).unwrap();
+    fs::write(corrupt.join(".corrupt"), b"").unwrap();
+    let flaky = hub_root.path().join("acme/flaky");
+    fs::create_dir_all(&flaky).unwrap();
+    fs::write(flaky.join("config.json"), b"{\"a\": 1}").unwrap();
+    fs::write(flaky.join(".flaky"), b"2").unwrap();
+    let Some(hub) = support::start_hub(hub_root.path(), 50) else {
+        return;
+    };
+    let store = ChunkStore::memory();
+    let none = SourceCredentials::default();
+    let with = |t: &str| SourceCredentials {
+        hf_token: Some(t.into()),
+        ..Default::default()
+    };
+
+    // Private without a token, or with a wrong one: AccessDenied, never echoing the token.
+    let private_src = Source::hugging_face(hf(&hub.url, "acme/private", "main"));
+    let err = sync(&store, &private_src, &none).await.unwrap_err();
+    assert_eq!(err.reason(), "AccessDenied", "{err}");
+    assert!(err.to_string().contains("tokenSecretRef"), "{err}");
+    let wrong = "hf_wrong_token_abcdefghij";
+    let err = sync(&store, &private_src, &with(wrong)).await.unwrap_err();
+    assert_eq!(err.reason(), "AccessDenied", "{err}");
+    assert!(!format!("{err} {err:?}").contains(wrong), "{err:?}");
+    // With the token it syncs.
+    let ok = sync(&store, &private_src, &with(token)).await.unwrap();
+    assert_eq!(ok.files, 1);
+
+    let err = sync(
+        &store,
+        &Source::hugging_face(hf(&hub.url, "acme/missing", "main")),
+        &none,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.reason(), "RepoNotFound", "{err}");
+    assert!(err.to_string().contains("acme/missing"), "{err}");
+
+    let err = sync(
+        &store,
+        &Source::hugging_face(hf(&hub.url, "acme/private", "v9")),
+        &with(token),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.reason(), "RevisionNotFound", "{err}");
+
+    // A corrupted LFS payload fails the sync and seals nothing.
+    let before = store.list_versions().await.unwrap().len();
+    let err = sync(
+        &store,
+        &Source::hugging_face(hf(&hub.url, "acme/corrupt", "main")),
+        &none,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.reason(), "IntegrityMismatch", "{err}");
+    assert!(err.to_string().contains("model.bin"), "{err}");
+    assert_eq!(store.list_versions().await.unwrap().len(), before);
+
+    // Two 503s on the download are retried.
+    let ok = sync(
+        &store,
+        &Source::hugging_face(hf(&hub.url, "acme/flaky", "main")),
+        &none,
+    )
+    .await
+    .unwrap();
+    assert_eq!(ok.files, 1);
+
+    // Nothing listens here: SourceUnavailable after the retries.
+    let mut dead = hf("http://127.0.0.1:9", "acme/llm", "main");
+    dead.endpoint = Some("http://127.0.0.1:9".into());
+    let err = sync_source(
+        &store,
+        &Source::hugging_face(dead),
+        &none,
+        &SyncOptions {
+            retries: 1,
+            ..opts()
+        },
+        Arc::new(NoSyncProgress),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.reason(), "SourceUnavailable", "{err}");
+    assert!(!err.is_permanent());
+}
+
+async fn upload_dir(store: &dyn ObjectStore, prefix: &str, dir: &Path) {
+    fn files(root: &Path, dir: &Path, out: &mut Vec<(String, Vec<u8>)>) {
+        for e in fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                files(root, &p, out);
+            } else {
+                let rel = p.strip_prefix(root).unwrap().to_str().unwrap().to_owned();
+                out.push((rel, fs::read(&p).unwrap()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    files(dir, dir, &mut out);
+    for (rel, data) in out {
+        store
+            .put(
+                &ObjectPath::from(format!("{prefix}/{rel}")),
+                PutPayload::from(data),
+            )
+            .await
+            .unwrap();
+    }
+}
+
+fn bucket_source(url: &str, endpoint: Option<&str>) -> Source {
+    Source::object_store(ObjectStoreSource {
+        url: url.into(),
+        endpoint: endpoint.map(Into::into),
+        region: Some("us-east-1".into()),
+        credentials_secret_ref: None,
+    })
+}
+
+fn aws(key: &str, secret: &str) -> SourceCredentials {
+    SourceCredentials {
+        hf_token: None,
+        object_store: BTreeMap::from([
+            ("AWS_ACCESS_KEY_ID".to_owned(), key.to_owned()),
+            ("AWS_SECRET_ACCESS_KEY".to_owned(), secret.to_owned()),
+        ]),
+    }
+}
+
+#[tokio::test]
+async fn file_prefix_sync_matches_push() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("models/llm");
+    model_tree(&data);
+    let store = ChunkStore::memory();
+    let source = bucket_source(&format!("file://{}", data.display()), None);
+    let first = sync(&store, &source, &SourceCredentials::default())
+        .await
+        .unwrap();
+    assert_eq!(first.digest, push_digest(&data).await);
+    assert!(first.source_revision.starts_with("etags:"));
+    // Unchanged: the same revision.
+    let creds = SourceCredentials::default();
+    assert_eq!(
+        resolve_revision(&source, &creds, &opts()).await.unwrap(),
+        first.source_revision
+    );
+    change_one_file(&data);
+    let second = sync(&store, &source, &creds).await.unwrap();
+    assert_ne!(second.source_revision, first.source_revision);
+    assert_eq!(second.digest, push_digest(&data).await);
+    assert!(second.report.bytes_reused >= 8 << 20);
+}
+
+#[tokio::test]
+async fn s3_sync_matches_push() {
+    let Some(moto) = support::start_moto("models", false) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    model_tree(dir.path());
+    let bucket = object_store::aws::AmazonS3Builder::new()
+        .with_bucket_name("models")
+        .with_endpoint(&moto.url)
+        .with_region("us-east-1")
+        .with_access_key_id("testing")
+        .with_secret_access_key("testing")
+        .with_allow_http(true)
+        .build()
+        .unwrap();
+    upload_dir(&bucket, "llm/v1", dir.path()).await;
+    // A neighbour prefix sharing the name's start must not leak in.
+    bucket
+        .put(
+            &ObjectPath::from("llm/v10/other.txt"),
+            PutPayload::from("x"),
+        )
+        .await
+        .unwrap();
+
+    let store = ChunkStore::memory();
+    let creds = aws("testing", "testing");
+    let source = bucket_source("s3://models/llm/v1", Some(&moto.url));
+    let first = sync(&store, &source, &creds).await.unwrap();
+    assert_eq!(first.digest, push_digest(dir.path()).await);
+    assert_eq!(first.files, 7);
+
+    change_one_file(dir.path());
+    upload_dir(&bucket, "llm/v1", dir.path()).await;
+    let second = sync(&store, &source, &creds).await.unwrap();
+    assert_eq!(second.digest, push_digest(dir.path()).await);
+    assert_ne!(second.source_revision, first.source_revision);
+    assert!(second.report.bytes_reused >= 8 << 20);
+
+    let err = sync(
+        &store,
+        &bucket_source("s3://no-such-bucket/x", Some(&moto.url)),
+        &creds,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.reason(), "BucketNotFound", "{err}");
+
+    let err = sync(
+        &store,
+        &bucket_source("s3://models/llm/v1", Some(&moto.url)),
+        &SourceCredentials {
+            hf_token: None,
+            object_store: BTreeMap::from([("AWS_ACCESS_KEY_ID".to_owned(), "testing".to_owned())]),
+        },
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.reason(), "InvalidCredentials", "{err}");
+}
+
+#[tokio::test]
+async fn s3_bad_credentials() {
+    let Some(moto) = support::start_moto("locked", true) else {
+        return;
+    };
+    let secret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY";
+    let err = sync(
+        &ChunkStore::memory(),
+        &bucket_source("s3://locked/llm", Some(&moto.url)),
+        &aws("AKIAIOSFODNN7EXAMPLE", secret),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.reason(), "CredentialsRejected", "{err}");
+    assert!(!format!("{err} {err:?}").contains(secret));
+}
+
+#[tokio::test]
+async fn azure_sync_matches_push() {
+    let Some(azurite) = support::start_azurite("models") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    model_tree(dir.path());
+    let container = object_store::azure::MicrosoftAzureBuilder::new()
+        .with_account(AZURITE_ACCOUNT)
+        .with_access_key(AZURITE_KEY)
+        .with_container_name("models")
+        .with_endpoint(azurite.url.clone())
+        .with_allow_http(true)
+        .build()
+        .unwrap();
+    upload_dir(&container, "llm", dir.path()).await;
+    let creds = |key: &str| SourceCredentials {
+        hf_token: None,
+        object_store: BTreeMap::from([
+            (
+                "AZURE_STORAGE_ACCOUNT_NAME".to_owned(),
+                AZURITE_ACCOUNT.to_owned(),
+            ),
+            ("AZURE_STORAGE_ACCOUNT_KEY".to_owned(), key.to_owned()),
+        ]),
+    };
+    let source = Source::object_store(ObjectStoreSource {
+        url: "az://models/llm".into(),
+        endpoint: Some(azurite.url.clone()),
+        region: None,
+        credentials_secret_ref: None,
+    });
+    let store = ChunkStore::memory();
+    let outcome = sync(&store, &source, &creds(AZURITE_KEY)).await.unwrap();
+    assert_eq!(outcome.digest, push_digest(dir.path()).await);
+
+    // A wrong key (valid base64) is rejected by the signature check.
+    let wrong = "d3Jvbmcta2V5LXdyb25nLWtleS13cm9uZy1rZXktd3Jvbmcta2V5LXdyb25nLWtleQ==";
+    let err = sync(&store, &source, &creds(wrong)).await.unwrap_err();
+    assert_eq!(err.reason(), "CredentialsRejected", "{err}");
+    assert!(!format!("{err} {err:?}").contains(wrong));
+}
