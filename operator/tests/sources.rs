@@ -238,6 +238,22 @@ async fn hugging_face_include_exclude() {
     .await
     .unwrap_err();
     assert_eq!(err.reason(), "NothingToSync", "{err}");
+
+    // A dataset repository lives under /datasets/ on the Hub.
+    let data = hub_root.path().join("datasets/acme/corpus");
+    fs::create_dir_all(data.join("train")).unwrap();
+    fs::write(data.join("train/part-0.jsonl"), pseudo_random(2 << 20, 11)).unwrap();
+    fs::write(data.join("README.md"), b"# corpus\n").unwrap();
+    let mut spec = hf(&hub.url, "acme/corpus", "main");
+    spec.repo_type = HuggingFaceRepoType::Dataset;
+    let outcome = sync(
+        &ChunkStore::memory(),
+        &Source::hugging_face(spec),
+        &SourceCredentials::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(outcome.digest, push_digest(&data).await);
 }
 
 #[tokio::test]
