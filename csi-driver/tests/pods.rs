@@ -6,7 +6,8 @@
 //! One test, in order: a pod with an inline volume by digest reads byte-identical files
 //! (`sha256sum` of every file in the pod vs. the host's on the pushed tree); a second pod
 //! shares the one FUSE mount (one FUSE mount + two binds in /proc/self/mountinfo, and the
-//! plugin's metrics say so); a pod in a namespace without a SealedVolumeVersion of the digest
+//! plugin's metrics say so); a pod with a static ReadOnlyMany PersistentVolume of the digest
+//! (through a claim) reads the same and adds a third bind; a pod in a namespace without a SealedVolumeVersion of the digest
 //! is refused (a FailedMount event naming PermissionDenied); deleting a pod drops its bind
 //! and keeps the FUSE mount for the other; the plugin is SIGKILLed and restarted while a pod
 //! reads in a loop (what the pod sees is printed, and docs/csi.md says it); deleting the last
@@ -22,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use common::{Plugin, TestStore, can_mount, store_with_version};
-use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use k8s_openapi::api::core::v1::{Event, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
 use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
 use kube::{Api, Client};
@@ -74,6 +75,50 @@ fn reader_pod(name: &str, node: &str, digest: &str) -> Result<Pod> {
             }],
         }
     }))?)
+}
+
+/// A static PersistentVolume of the digest, pre-bound to claim `model` in `namespace`.
+fn persistent_volume(name: &str, namespace: &str, digest: &str) -> Result<PersistentVolume> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name },
+        "spec": {
+            "capacity": { "storage": "1Gi" },
+            "accessModes": ["ReadOnlyMany"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "claimRef": { "namespace": namespace, "name": "model" },
+            "csi": {
+                "driver": DRIVER_NAME,
+                "volumeHandle": name,
+                "readOnly": true,
+                "volumeAttributes": { "digest": digest },
+            },
+        }
+    }))?)
+}
+
+fn claim(volume: &str) -> Result<PersistentVolumeClaim> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "model" },
+        "spec": {
+            "accessModes": ["ReadOnlyMany"],
+            "storageClassName": "",
+            "volumeName": volume,
+            "resources": { "requests": { "storage": "1Gi" } },
+        }
+    }))?)
+}
+
+/// [`reader_pod`] with the claim `model` instead of an inline volume.
+fn claim_reader_pod(name: &str, node: &str) -> Result<Pod> {
+    let mut pod = reader_pod(name, node, "unused")?;
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.volumes = Some(vec![serde_json::from_value(serde_json::json!({
+            "name": "model",
+            "persistentVolumeClaim": { "claimName": "model", "readOnly": true },
+        }))?]);
+    }
+    Ok(pod)
 }
 
 /// What `find . -type f | sort | xargs sha256sum` prints in the pushed tree, on the host.
@@ -131,7 +176,11 @@ async fn pod_log(pods: &Api<Pod>, name: &str) -> String {
 
 /// Creates the pod and waits until its log has the checksums; returns them.
 async fn start_reader(pods: &Api<Pod>, name: &str, node: &str, digest: &str) -> Result<String> {
-    pods.create(&PostParams::default(), &reader_pod(name, node, digest)?)
+    start_pod(pods, name, &reader_pod(name, node, digest)?).await
+}
+
+async fn start_pod(pods: &Api<Pod>, name: &str, pod: &Pod) -> Result<String> {
+    pods.create(&PostParams::default(), pod)
         .await
         .with_context(|| format!("creating pod {name}"))?;
     let started = Instant::now();
@@ -273,6 +322,9 @@ async fn pods_read_sealed_volumes_through_the_real_kubelet() -> Result<()> {
         .await;
     }
     drop(plugin);
+    let _ = Api::<PersistentVolume>::all(client.clone())
+        .delete(&format!("{owner}-model"), &DeleteParams::default())
+        .await;
     if created_driver {
         let _ = Api::<CSIDriver>::all(client.clone())
             .delete(DRIVER_NAME, &DeleteParams::default())
@@ -385,6 +437,33 @@ async fn with_plugin(
         sample(&page, "sealed_csi_fuse_mounts") == Some(1.0)
             && sample(&page, "sealed_csi_published_volumes") == Some(2.0),
         "metrics disagree with the mounts:\n{page}"
+    );
+
+    // 2b. A static PersistentVolume (ReadOnlyMany) of the digest, through a claim: a third
+    // bind of the same FUSE mount.
+    let pv_name = format!("{owner}-model");
+    Api::<PersistentVolume>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &persistent_volume(&pv_name, owner, &digest)?,
+        )
+        .await?;
+    Api::<PersistentVolumeClaim>::namespaced(client.clone(), owner)
+        .create(&PostParams::default(), &claim(&pv_name)?)
+        .await?;
+    let sums = start_pod(&pods, "reader-pv", &claim_reader_pod("reader-pv", node)?).await?;
+    ensure!(sums.trim() == want.trim(), "reader-pv checksums differ");
+    let (fuse, binds) = mounts_of(store);
+    println!("two inline volumes and a PV: {fuse} FUSE mount(s), {binds} bind(s)");
+    ensure!(
+        (fuse, binds) == (1, 3),
+        "want 1 FUSE mount + 3 binds, got {fuse} + {binds}"
+    );
+    delete_pod_and_wait(&pods, "reader-pv").await?;
+    ensure!(
+        mounts_of(store) == (1, 2),
+        "after deleting reader-pv: {:?}",
+        mounts_of(store)
     );
 
     // 3. A namespace without the version: refused, and the pod's events say why.
