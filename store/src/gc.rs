@@ -2,9 +2,9 @@
 //! names. Race-free against concurrent writers by the `gc/running` marker and writer leases;
 //! the argument is in `docs/gc.md`.
 //!
-//! 1. take the marker `gc/running` (conditional create; an expired one may be taken over);
-//! 2. list leases: while an unexpired one exists, wait up to `writer_wait`, then give up
-//!    (remove the marker, report "skipped");
+//! 1. wait up to `writer_wait` for no unexpired lease (else report "skipped");
+//! 2. take the marker `gc/running` (conditional create; an expired one may be taken over),
+//!    then list leases again: any unexpired one and the run is skipped (marker removed);
 //! 3. delete expired trash entries (`trash/<hex>` then `trash/<hex>.json`);
 //! 4. mark the chunks of every manifest under `manifests/` and every trash manifest left;
 //! 5. sweep chunks neither marked nor younger than `started - grace`, in batches, each only
@@ -109,11 +109,19 @@ pub async fn collect(store: &ChunkStore, opts: &GcOptions) -> Result<GcReport> {
         return Ok(report);
     }
 
+    // Writers first: wait for those in flight without holding the marker, so nobody new is
+    // held up meanwhile.
+    if !wait_for_writers(store, opts.writer_wait, &mut report).await? {
+        return Ok(report);
+    }
     let mut marker = Marker::take(store, opts.marker_ttl).await?;
     let start = opts.now.unwrap_or(marker.record.started_at);
     report.started_at = Some(start);
     let result = async {
-        if !wait_for_writers(store, opts, &mut report).await? {
+        // With the marker down, look again: a writer whose lease landed before the marker is
+        // seen here (and one whose lease lands after it sees the marker and waits). Defer to
+        // it rather than hold it up.
+        if !wait_for_writers(store, Duration::ZERO, &mut report).await? {
             return Ok(());
         }
         run(store, opts, start, Some(&marker), &mut report).await
@@ -141,11 +149,11 @@ async fn live_leases(store: &ChunkStore) -> Result<(Vec<LeaseRecord>, Vec<LeaseR
         .partition(|l| l.expires_at > now))
 }
 
-/// Waits (while holding the marker, so no new writer starts) for the writers already in
-/// flight. False, with `report.skipped` set, when they did not finish within `writer_wait`.
+/// Waits up to `wait` until no unexpired lease is left. False, with `report.skipped` set,
+/// when writers (running or waiting for a collection) are still there.
 async fn wait_for_writers(
     store: &ChunkStore,
-    opts: &GcOptions,
+    wait: Duration,
     report: &mut GcReport,
 ) -> Result<bool> {
     let waiting_since = Instant::now();
@@ -157,23 +165,29 @@ async fn wait_for_writers(
             for lease in &expired {
                 delete_quietly(store, &ObjectPath::from(format!("leases/{}", lease.id))).await;
             }
-            report.stale_leases_removed = expired.len() as u64;
+            report.stale_leases_removed += expired.len() as u64;
             return Ok(true);
         }
-        if waiting_since.elapsed() >= opts.writer_wait {
+        if waiting_since.elapsed() >= wait {
             report.skipped = Some(format!(
                 "skipped: {} writer{} active ({})",
                 live.len(),
                 if live.len() == 1 { "" } else { "s" },
                 live.iter()
-                    .map(|l| format!("{} on {} pid {}", l.purpose, l.host, l.pid))
+                    .map(|l| format!(
+                        "{} on {} pid {}{}",
+                        l.purpose,
+                        l.host,
+                        l.pid,
+                        if l.waiting { ", waiting" } else { "" }
+                    ))
                     .collect::<Vec<_>>()
                     .join("; ")
             ));
             report.active_writers = live;
             return Ok(false);
         }
-        tokio::time::sleep(backoff.min(opts.writer_wait)).await;
+        tokio::time::sleep(backoff.min(wait)).await;
         backoff = (backoff * 2).min(Duration::from_secs(1));
     }
 }

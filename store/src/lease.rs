@@ -10,7 +10,8 @@
 //! marker first and lists leases second. On a strongly consistent store (S3, GCS, Azure Blob, a
 //! local directory) at least one of the two sees the other, so a collector never sweeps while a
 //! writer it did not see is choosing which chunks to reuse. A writer that sees a live marker
-//! withdraws its lease and waits for the collection to end.
+//! marks its lease `waiting` (keeping it, so the next collection defers to it instead of
+//! starving it) and polls until the marker is gone or expired.
 //!
 //! A lease is renewed by a background task every TTL/3. Renewal must land before the previous
 //! expiry (less a clock-skew margin); if it does not, the lease has *lapsed* for good and
@@ -63,6 +64,9 @@ pub struct LeaseRecord {
     pub pid: u32,
     pub acquired_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
+    /// Set while the writer waits for a running collection; it has read nothing yet.
+    #[serde(default)]
+    pub waiting: bool,
 }
 
 /// The collector's marker body (`gc/running`).
@@ -138,6 +142,7 @@ impl WriterLease {
                 pid,
                 acquired_at: now,
                 expires_at: now + chrono_duration(ttl),
+                waiting: false,
             };
             write_json(store, &key, &record).await?;
             // 2. … then the collector's marker.
@@ -162,10 +167,11 @@ impl WriterLease {
                     released: false,
                 });
             };
-            // A collection is running: withdraw, so it can finish, and wait.
-            delete_quietly(store, &key).await;
+            // A collection is running: let it finish, and wait. The lease stays (marked
+            // waiting), so the next collection sees a writer and defers to it.
             let waited = started.elapsed();
             if waited >= opts.max_wait {
+                delete_quietly(store, &key).await;
                 return Err(Error::GcRunning {
                     store: store.name().to_owned(),
                     host: marker.host,
@@ -180,9 +186,17 @@ impl WriterLease {
                 gc_pid = marker.pid,
                 "garbage collection running; waiting for it to finish"
             );
+            let waiting = LeaseRecord {
+                waiting: true,
+                ..record
+            };
+            if let Err(e) = write_json(store, &key, &waiting).await {
+                delete_quietly(store, &key).await;
+                return Err(e);
+            }
             let remaining = opts.max_wait.saturating_sub(waited);
             tokio::time::sleep(backoff.min(remaining)).await;
-            backoff = (backoff * 2).min(Duration::from_secs(2));
+            backoff = (backoff * 2).min(Duration::from_secs(1));
         }
     }
 
@@ -397,6 +411,7 @@ pub async fn list_leases(store: &ChunkStore) -> Result<Vec<LeaseRecord>> {
                 pid: 0,
                 acquired_at: meta.last_modified,
                 expires_at: meta.last_modified + chrono_duration(DEFAULT_LEASE_TTL),
+                waiting: false,
             }
         });
         out.push(record);
