@@ -7,8 +7,11 @@
 //!
 //! Skipped (with a notice) unless `SEALED_E2E_CLUSTER=1`.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -401,5 +404,164 @@ async fn missing_secret_is_a_condition_without_a_hot_loop() {
     tokio::time::sleep(Duration::from_secs(5)).await;
     let during = reconciles() - before;
     assert!(during <= 6, "{during} reconciles in 5 s: a hot loop");
+    fx.stop().await;
+}
+
+/// A Hugging Face repo on the local Hub stand-in, synced by the operator and by `sealed
+/// sync`: the version's digest is what `sealed push` of the same files gives, a new
+/// revision reuses the unchanged chunks, and a missing repo is a False condition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hugging_face_sync_seals_what_push_seals() {
+    let Some(fx) = Fixture::start("hugging_face_sync_seals_what_push_seals").await else {
+        return;
+    };
+    let hub_root = tempfile::tempdir().expect("tempdir");
+    let repo = hub_root.path().join("acme/tiny-llm");
+    std::fs::create_dir_all(repo.join("weights")).expect("mkdir");
+    std::fs::write(repo.join("config.json"), b"{\"layers\": 2}").expect("write");
+    std::fs::write(
+        repo.join("weights/model.safetensors"),
+        support::pseudo_random(6 << 20, 7),
+    )
+    .expect("write");
+    let Some(hub) = support::start_hub(hub_root.path(), 50) else {
+        fx.stop().await;
+        return;
+    };
+
+    // The same files pushed from disk give the digest the sync must reproduce.
+    let expected = push(
+        &fx.store,
+        &repo,
+        &PushOptions::default(),
+        Arc::new(NoProgress),
+    )
+    .await
+    .expect("push")
+    .digest;
+
+    // `sealed sync` creates the volume and prints the digest once the operator sealed it.
+    let sealed = env!("CARGO_BIN_EXE_sealed-operator").replace("sealed-operator", "sealed");
+    assert!(Path::new(&sealed).exists(), "build the CLI first: {sealed}");
+    let cli = {
+        let (sealed, kubeconfig, url, ns) = (
+            sealed.clone(),
+            fx.cluster.kubeconfig.clone(),
+            hub.url.clone(),
+            fx.ns.clone(),
+        );
+        tokio::task::spawn_blocking(move || {
+            Command::new(&sealed)
+                .args([
+                    "sync",
+                    "hf://acme/tiny-llm",
+                    "--volume",
+                    &format!("{ns}/llm"),
+                ])
+                .args([
+                    "--source-endpoint",
+                    &url,
+                    "--no-progress",
+                    "--wait-timeout",
+                    "120",
+                ])
+                .env("KUBECONFIG", &kubeconfig)
+                .output()
+                .expect("run sealed sync")
+        })
+        .await
+        .expect("join")
+    };
+    let stdout = String::from_utf8_lossy(&cli.stdout);
+    assert!(
+        cli.status.success(),
+        "sealed sync failed: {}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    assert_eq!(
+        stdout.trim(),
+        expected.to_string(),
+        "sealed sync printed another digest"
+    );
+    let v1 = wait_for("version 1 Ready", || async {
+        version_of(&fx.versions(), &expected).await.filter(|v| {
+            v.status
+                .as_ref()
+                .and_then(|s| s.condition(CONDITION_READY))
+                .is_some_and(|c| c.status == "True")
+        })
+    })
+    .await;
+    let status = v1.status.expect("status");
+    assert_eq!(
+        status.source_revision.as_deref().map(str::len),
+        Some(40),
+        "a Hub commit"
+    );
+    assert!(
+        status.bytes_new.unwrap_or(0) == 0,
+        "every chunk was pushed before the sync"
+    );
+
+    // A new revision (one file changed): a second version; the big file's chunks are reused.
+    std::fs::write(repo.join("config.json"), b"{\"layers\": 3}").expect("write");
+    let patch =
+        serde_json::json!({"metadata": {"annotations": {sealed_crds::RESYNC_ANNOTATION: "2"}}});
+    fx.volumes()
+        .patch("llm", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("annotate");
+    let (digest2, reused) = wait_for("the second sync", || async {
+        let v = fx.volumes().get("llm").await.ok()?;
+        let sync = v.status.as_ref()?.sync.clone()?;
+        let digest = sync.digest.clone().filter(|d| *d != expected.to_string())?;
+        let version = fx
+            .versions()
+            .get(&sealed_crds::SealedVolumeVersionSpec::object_name(
+                "llm", &digest,
+            ))
+            .await
+            .ok()?;
+        Some((digest, version.status?.bytes_reused?))
+    })
+    .await;
+    assert!(
+        reused >= 6 << 20,
+        "only {reused} bytes reused for {digest2}"
+    );
+    let events = events_with_reason(&fx.client, &fx.ns, "SyncSucceeded").await;
+    // The recorder folds repeats of one reason into a series; the first sync's note is there.
+    assert!(
+        events.iter().any(|e| e.contains(&expected.to_string())),
+        "{events:?}"
+    );
+
+    // A repo that does not exist: Synced False with the reason, and `sealed sync` says so.
+    let missing = tokio::task::spawn_blocking({
+        let (kubeconfig, url, ns) = (
+            fx.cluster.kubeconfig.clone(),
+            hub.url.clone(),
+            fx.ns.clone(),
+        );
+        move || {
+            Command::new(&sealed)
+                .args(["sync", "hf://acme/nope", "--volume", &format!("{ns}/nope")])
+                .args([
+                    "--source-endpoint",
+                    &url,
+                    "--no-progress",
+                    "--wait-timeout",
+                    "120",
+                ])
+                .env("KUBECONFIG", &kubeconfig)
+                .output()
+                .expect("run sealed sync")
+        }
+    })
+    .await
+    .expect("join");
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(!missing.status.success());
+    assert!(stderr.contains("RepoNotFound"), "{stderr}");
     fx.stop().await;
 }

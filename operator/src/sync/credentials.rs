@@ -15,26 +15,8 @@ pub const ENV_PREFIX: &str = "SEALED_SOURCE_";
 /// The Hugging Face token, under [`ENV_PREFIX`].
 pub const HF_TOKEN_KEY: &str = "HF_TOKEN";
 
-/// Secrets for one source. `Debug` never prints values.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct Credentials {
-    /// The Hugging Face access token.
-    pub hf_token: Option<String>,
-    /// Object-store keys (AWS_ACCESS_KEY_ID, AZURE_STORAGE_ACCOUNT_KEY, ...).
-    pub object_store: BTreeMap<String, String>,
-}
-
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credentials")
-            .field("hf_token", &self.hf_token.as_ref().map(|_| "<redacted>"))
-            .field(
-                "object_store_keys",
-                &self.object_store.keys().collect::<Vec<_>>(),
-            )
-            .finish()
-    }
-}
+/// The source readers' credentials type; this module adds how the operator gets them.
+pub use crate::source::SourceCredentials as Credentials;
 
 impl Credentials {
     /// As environment variables (`SEALED_SOURCE_<KEY>`), for a sync Job's Secret.
