@@ -12,6 +12,7 @@ by editing the directory. Control files at a repository's top (never listed or s
     .private   holds a token: requests without "Authorization: Bearer <token>" get 401
     .corrupt   the CDN serves every LFS file with one byte flipped (same size, same ETag)
     .flaky     holds N: the next N resolve requests answer 503 (then it counts down)
+    .truncate  holds N: the next N LFS payloads break off halfway (the connection closes)
 
 The API, as the Hub answers it:
 
@@ -39,7 +40,7 @@ import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-CONTROL = {".private", ".corrupt", ".flaky"}
+CONTROL = {".private", ".corrupt", ".flaky", ".truncate"}
 LOCK = threading.Lock()
 HASHES = {}  # (path, size, mtime_ns) -> (sha256, git sha1)
 
@@ -74,6 +75,16 @@ class Repo:
 
     def exists(self):
         return os.path.isdir(self.dir)
+
+    def take(self, name):
+        """Counts a control file's number down; true while it was above zero."""
+        with LOCK:
+            value = self.control(name)
+            if not (value and value.isdigit() and int(value) > 0):
+                return False
+            with open(os.path.join(self.dir, name), "w") as f:
+                f.write(str(int(value) - 1))
+            return True
 
     def control(self, name):
         try:
@@ -224,10 +235,7 @@ class Handler(BaseHTTPRequestHandler):
         repo = self.open_repo(kind, repo_id)
         if repo is None:
             return
-        flaky = repo.control(".flaky")
-        if flaky and flaky.isdigit() and int(flaky) > 0:
-            with open(os.path.join(repo.dir, ".flaky"), "w") as f:
-                f.write(str(int(flaky) - 1))
+        if repo.take(".flaky"):
             return self.error(503, "ServiceUnavailable", "try again")
         commit = self.commit_for(repo, rev)
         if commit is None:
@@ -264,6 +272,7 @@ class Handler(BaseHTTPRequestHandler):
             return self.error(404, "EntryNotFound", "no such object")
         size = os.path.getsize(full)
         corrupt = repo.control(".corrupt") is not None
+        stop_at = size // 2 if repo.take(".truncate") else None
         self.send_response(200)
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(size))
@@ -271,15 +280,20 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command == "HEAD":
             return
+        sent = 0
         with open(full, "rb") as f:
-            first = True
             while True:
                 block = f.read(1 << 20)
                 if not block:
                     break
-                if corrupt and first:
+                if corrupt and sent == 0:
                     block = bytes([block[0] ^ 0xFF]) + block[1:]
-                first = False
+                if stop_at is not None and sent + len(block) > stop_at:
+                    self.wfile.write(block[: stop_at - sent])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
+                sent += len(block)
                 self.wfile.write(block)
 
 

@@ -337,6 +337,26 @@ async fn hugging_face_errors() {
     .unwrap();
     assert_eq!(ok.files, 1);
 
+    // A payload that breaks off halfway, twice, is downloaded again from the start.
+    let broken = hub_root.path().join("acme/broken");
+    fs::create_dir_all(&broken).unwrap();
+    fs::write(broken.join("model.bin"), pseudo_random(5 << 20, 12)).unwrap();
+    fs::write(broken.join(".truncate"), b"2").unwrap();
+    let progress = Arc::new(Counting::default());
+    let ok = sync_source(
+        &store,
+        &Source::hugging_face(hf(&hub.url, "acme/broken", "main")),
+        &none,
+        &opts(),
+        progress.clone(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(progress.retries.load(Ordering::SeqCst), 2);
+    let expected = tempfile::tempdir().unwrap();
+    copy_tree(&broken, expected.path(), &|_| true);
+    assert_eq!(ok.digest, push_digest(expected.path()).await);
+
     // Nothing listens here: SourceUnavailable after the retries.
     let mut dead = hf("http://127.0.0.1:9", "acme/llm", "main");
     dead.endpoint = Some("http://127.0.0.1:9".into());
