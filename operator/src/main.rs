@@ -27,7 +27,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the controllers (SealedVolume, SealedVolumeVersion, garbage collection)
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Sync one volume's source into the store and report the digest (run by sync Jobs)
     Sync(SyncArgs),
 }
@@ -152,7 +152,7 @@ async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_json);
     let result = match cli.command {
-        Command::Run(args) => run(args).await.map(|()| 0),
+        Command::Run(args) => run(*args).await.map(|()| 0),
         Command::Sync(args) => sync(args).await,
     };
     match result {
