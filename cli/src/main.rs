@@ -42,6 +42,14 @@ enum Command {
     Mount(commands::mount::MountArgs),
     /// Unmount a directory mounted by `sealed mount`
     Umount(commands::mount::UmountArgs),
+    /// Delete a version to the trash; it stays restorable for --retention (default 7 days)
+    Rm(commands::rm::RmArgs),
+    /// Bring a deleted version back from the trash
+    Restore(commands::restore::RestoreArgs),
+    /// Deleted versions (`sealed trash ls`)
+    Trash(commands::trash::TrashArgs),
+    /// Reclaim expired trash and chunks no live or restorable version uses
+    Gc(commands::gc::GcArgs),
     /// Have the cluster sync a Hugging Face repo or a bucket into a SealedVolume; prints the digest
     Sync(commands::sync::SyncArgs),
 }
@@ -67,6 +75,10 @@ fn main() -> std::process::ExitCode {
             Command::Ls(a) => commands::ls::run(&ctx, a).await,
             Command::Mount(a) => commands::mount::run_mount(&ctx, a).await,
             Command::Umount(a) => commands::mount::run_umount(&ctx, a).await,
+            Command::Rm(a) => commands::rm::run(&ctx, a).await,
+            Command::Restore(a) => commands::restore::run(&ctx, a).await,
+            Command::Trash(a) => commands::trash::run(&ctx, a).await,
+            Command::Gc(a) => commands::gc::run(&ctx, a).await,
             Command::Sync(a) => commands::sync::run(&ctx, a).await,
         }
     });

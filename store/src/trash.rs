@@ -39,6 +39,11 @@ impl TrashRecord {
     pub fn expired_at(&self, now: DateTime<Utc>) -> bool {
         self.restorable_until < now
     }
+
+    /// Past its retention: the next collection reclaims it.
+    pub fn is_expired(&self) -> bool {
+        self.expired_at(Utc::now())
+    }
 }
 
 /// What [`restore_version`] did.

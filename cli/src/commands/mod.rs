@@ -1,12 +1,16 @@
 //! One module per subcommand.
 
 pub mod diff;
+pub mod gc;
 pub mod inspect;
 pub mod ls;
 pub mod mount;
 pub mod pull;
 pub mod push;
+pub mod restore;
+pub mod rm;
 pub mod sync;
+pub mod trash;
 pub mod verify;
 
 use anyhow::Context as _;
