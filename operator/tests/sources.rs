@@ -485,6 +485,17 @@ async fn s3_sync_matches_push() {
     assert_ne!(second.source_revision, first.source_revision);
     assert!(second.report.bytes_reused >= 8 << 20);
 
+    // The same prefix as a path-style https(http)://host/bucket/prefix URL.
+    let path_style = sync(
+        &store,
+        &bucket_source(&format!("{}/models/llm/v1", moto.url), None),
+        &creds,
+    )
+    .await
+    .unwrap();
+    assert_eq!(path_style.digest, second.digest);
+    assert_eq!(path_style.source_revision, second.source_revision);
+
     let err = sync(
         &store,
         &bucket_source("s3://no-such-bucket/x", Some(&moto.url)),

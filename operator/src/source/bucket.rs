@@ -56,12 +56,31 @@ impl BucketSource {
                     .into(),
             ));
         }
-        let (scheme, _) = ObjectStoreScheme::parse(&url).map_err(|e| {
+        let (mut scheme, _) = ObjectStoreScheme::parse(&url).map_err(|e| {
             SourceError::Invalid(format!(
                 "{}: {e}; use s3://, gs://, az://, file:// or an https:// URL of an S3 or Azure endpoint",
                 src.url
             ))
         })?;
+        // Any other http(s) URL is an S3-compatible endpoint, path-style
+        // (https://object.example.com/bucket/prefix, as CoreWeave or MinIO serve them).
+        let mut url_endpoint = None;
+        let url = if scheme == ObjectStoreScheme::Http {
+            let rest = url.path().trim_start_matches('/');
+            if rest.is_empty() {
+                return Err(SourceError::Invalid(format!(
+                    "{}: name the bucket: https://host/bucket/prefix",
+                    src.url
+                )));
+            }
+            url_endpoint = Some(url[..url::Position::BeforePath].to_owned());
+            scheme = ObjectStoreScheme::AmazonS3;
+            Url::parse(&format!("s3://{rest}")).map_err(|e| {
+                SourceError::Invalid(format!("spec.source.objectStore.url {}: {e}", src.url))
+            })?
+        } else {
+            url
+        };
         let mut options: BTreeMap<String, String> = BTreeMap::new();
         if creds.object_store.is_empty() {
             for (k, v) in std::env::vars() {
@@ -74,7 +93,11 @@ impl BucketSource {
                 options.insert(k.to_ascii_lowercase(), v.clone());
             }
         }
-        let endpoint = src.endpoint.as_deref().filter(|e| !e.is_empty());
+        let endpoint = src
+            .endpoint
+            .as_deref()
+            .filter(|e| !e.is_empty())
+            .or(url_endpoint.as_deref());
         match scheme {
             ObjectStoreScheme::AmazonS3 => {
                 if let Some(e) = endpoint {
