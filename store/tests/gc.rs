@@ -471,6 +471,31 @@ async fn lease_is_renewed_while_held() {
     }
 }
 
+/// A writer paused past its lease's TTL (here: its single-threaded runtime blocked, so the
+/// renewal cannot run) may have been overtaken by a collection: it must not seal anything.
+#[tokio::test(flavor = "current_thread")]
+async fn a_lapsed_lease_refuses_to_seal() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = file_store(dir.path()).await;
+    let opts = LeaseOptions {
+        ttl: Duration::from_millis(600),
+        ..Default::default()
+    };
+    let lease = WriterLease::acquire_with(&store, "slow push", &opts)
+        .await
+        .unwrap();
+    lease.ensure_live().unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    let err = lease.ensure_live().unwrap_err();
+    assert!(matches!(err, Error::LeaseLapsed { .. }), "{err:?}");
+    assert!(err.to_string().contains("slow push"), "{err}");
+    // Once lapsed, always lapsed, even after the renewal task runs again.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(lease.ensure_live().is_err());
+    lease.release().await.unwrap();
+    assert!(list_leases(&store).await.unwrap().is_empty());
+}
+
 // ---------------------------------------------------------------------------------------
 // Stress: pushes, deletes, restores and collections at once.
 
