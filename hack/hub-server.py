@@ -10,7 +10,7 @@ under them are the repository's files, re-read on every request, so a test chang
 by editing the directory. Control files at a repository's top (never listed or served):
 
     .private   holds a token: requests without "Authorization: Bearer <token>" get 401
-    .corrupt   the CDN serves every LFS file with one byte flipped (same size, same ETag)
+    .corrupt   every file is served with its first byte flipped (same size, same ETag)
     .flaky     holds N: the next N resolve requests answer 503 (then it counts down)
     .truncate  holds N: the next N LFS payloads break off halfway (the connection closes)
 
@@ -258,6 +258,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.send(302, b"", headers)
         with open(full, "rb") as f:
             body = f.read()
+        if body and repo.control(".corrupt") is not None:
+            body = bytes([body[0] ^ 0xFF]) + body[1:]
         self.send(200, body, dict(common, ETag='"%s"' % git), "application/octet-stream")
 
     def cdn(self, kind, repo_id, sha256):

@@ -326,6 +326,20 @@ async fn hugging_face_errors() {
     assert_eq!(err.reason(), "IntegrityMismatch", "{err}");
     assert!(err.to_string().contains("model.bin"), "{err}");
     assert_eq!(store.list_versions().await.unwrap().len(), before);
+    // A small (non-LFS) file is checked against its git blob id.
+    let small = hub_root.path().join("acme/corrupt-small");
+    fs::create_dir_all(&small).unwrap();
+    fs::write(small.join("config.json"), b"{\"layers\": 32}").unwrap();
+    fs::write(small.join(".corrupt"), b"").unwrap();
+    let err = sync(
+        &store,
+        &Source::hugging_face(hf(&hub.url, "acme/corrupt-small", "main")),
+        &none,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.reason(), "IntegrityMismatch", "{err}");
+    assert!(err.to_string().contains("git blob"), "{err}");
 
     // Two 503s on the download are retried.
     let ok = sync(

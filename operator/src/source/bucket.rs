@@ -203,6 +203,7 @@ impl BucketSource {
                 key: key.to_owned(),
                 size: meta.size,
                 sha256: None,
+                git_oid: None,
                 etag: meta.e_tag.as_deref().map(normal_etag).or_else(|| {
                     meta.version
                         .clone()

@@ -55,6 +55,8 @@ struct TreeEntry {
     #[serde(default)]
     size: u64,
     #[serde(default)]
+    oid: Option<String>,
+    #[serde(default)]
     lfs: Option<Lfs>,
 }
 
@@ -202,15 +204,22 @@ impl HubSource {
                 if e.kind != "file" || !self.wanted(&e.path) {
                     continue;
                 }
-                let (size, sha256) = match e.lfs {
-                    Some(lfs) => (lfs.size, Some(lfs.oid.to_ascii_lowercase())),
-                    None => (e.size, None),
+                let (size, sha256, git_oid) = match e.lfs {
+                    Some(lfs) => (lfs.size, Some(lfs.oid.to_ascii_lowercase()), None),
+                    None => (
+                        e.size,
+                        None,
+                        e.oid
+                            .map(|o| o.to_ascii_lowercase())
+                            .filter(|o| o.len() == 40 && o.bytes().all(|b| b.is_ascii_hexdigit())),
+                    ),
                 };
                 files.push(RemoteFile {
                     path: e.path.clone(),
                     key: e.path,
                     size,
                     sha256,
+                    git_oid,
                     etag: None,
                 });
             }
@@ -262,12 +271,26 @@ impl HubSource {
             let etag = etag(resp.headers());
             let body = resp.bytes_stream().map_err(std::io::Error::other);
             let mut tap = Tap::new(StreamReader::new(Box::pin(body)));
+            if file.git_oid.is_some() {
+                tap = tap.with_git_blob(file.size);
+            }
             let added = ingest
                 .add_file(&file.path, false, Some(file.size), &mut tap)
                 .await;
             match added {
                 Ok(_) => {
-                    let actual = tap.sha256_hex();
+                    let tapped = tap.finish();
+                    if let (Some(expected), Some(actual)) = (&file.git_oid, &tapped.git_oid)
+                        && expected != actual
+                    {
+                        return Err(SourceError::IntegrityMismatch {
+                            what: self.describe(),
+                            path: file.path.clone(),
+                            expected: format!("git blob {expected}"),
+                            actual: format!("git blob {actual}"),
+                        });
+                    }
+                    let actual = tapped.sha256;
                     let expected = file.sha256.clone().or_else(|| {
                         // A 64-hex ETag on a non-LFS file is a SHA-256 too (some mirrors).
                         etag.clone()

@@ -24,6 +24,7 @@ use sealed_crds::{Source, SourceKind};
 use sealed_store::ingest::{Ingest, IngestOptions, IngestReport};
 use sealed_store::progress::Phase;
 use sealed_store::{ChunkStore, Digest, Progress};
+use sha1::Sha1;
 use sha2::{Digest as _, Sha256};
 use tokio::io::{AsyncRead, ReadBuf};
 
@@ -266,6 +267,8 @@ pub(crate) struct RemoteFile {
     pub size: u64,
     /// The published SHA-256 (Hub LFS files).
     pub sha256: Option<String>,
+    /// The published git blob id, SHA-1 over `blob <size>\0<content>` (Hub non-LFS files).
+    pub git_oid: Option<String>,
     /// The ETag the listing showed (object stores).
     pub etag: Option<String>,
 }
@@ -412,12 +415,20 @@ pub(crate) fn backoff(attempt: u32) -> Duration {
     Duration::from_millis(200u64.saturating_mul(1 << attempt.min(6))).min(Duration::from_secs(10))
 }
 
-/// Wraps a download: hashes what passes (SHA-256) and remembers whether the source itself
-/// failed, so a broken-off download can be retried while a store failure is not.
+/// Wraps a download: hashes what passes (SHA-256, and the git blob id when asked) and
+/// remembers whether the source itself failed, so a broken-off download can be retried while
+/// a store failure is not.
 pub(crate) struct Tap<R> {
     inner: R,
     sha256: Sha256,
+    git: Option<Sha1>,
     pub failed: bool,
+}
+
+/// What a [`Tap`] saw: lowercase hex digests.
+pub(crate) struct Tapped {
+    pub sha256: String,
+    pub git_oid: Option<String>,
 }
 
 impl<R> Tap<R> {
@@ -425,12 +436,24 @@ impl<R> Tap<R> {
         Tap {
             inner,
             sha256: Sha256::new(),
+            git: None,
             failed: false,
         }
     }
 
-    pub fn sha256_hex(self) -> String {
-        hex::encode(self.sha256.finalize())
+    /// Also computes the git blob id of content announced as `size` bytes.
+    pub fn with_git_blob(mut self, size: u64) -> Self {
+        let mut git = Sha1::new();
+        git.update(format!("blob {size}\0").as_bytes());
+        self.git = Some(git);
+        self
+    }
+
+    pub fn finish(self) -> Tapped {
+        Tapped {
+            sha256: hex::encode(self.sha256.finalize()),
+            git_oid: self.git.map(|g| hex::encode(g.finalize())),
+        }
     }
 }
 
@@ -444,7 +467,11 @@ impl<R: AsyncRead + Unpin> AsyncRead for Tap<R> {
         let this = &mut *self;
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
-                this.sha256.update(&buf.filled()[before..]);
+                let fresh = &buf.filled()[before..];
+                this.sha256.update(fresh);
+                if let Some(git) = &mut this.git {
+                    git.update(fresh);
+                }
                 Poll::Ready(Ok(()))
             }
             Poll::Ready(Err(e)) => {
