@@ -20,7 +20,7 @@ use url::Url;
 
 use super::{
     RemoteFile, SourceCredentials, SourceError, SyncOptions, SyncProgress, Tap, backoff,
-    error_chain, redact,
+    error_chain, redact, short,
 };
 
 /// Environment prefixes the ambient credentials come from when no Secret is given.
@@ -261,7 +261,8 @@ impl BucketSource {
                 .await
             {
                 Ok(_) => return Ok(()),
-                Err(e) if tap.failed && attempt < self.retries => {
+                // A download that broke off, or ended short of the listed size: try again.
+                Err(e) if (tap.failed || short(&e)) && attempt < self.retries => {
                     attempt += 1;
                     tracing::warn!(
                         source = %self.url,
@@ -277,6 +278,13 @@ impl BucketSource {
                     return Err(SourceError::Unavailable {
                         what: format!("{} object '{}'", self.url, file.path),
                         detail: redact(&error_chain(&e), &self.secrets),
+                    });
+                }
+                Err(sealed_store::Error::FileChanged { detail, .. }) => {
+                    return Err(SourceError::SourceChanged {
+                        what: self.url.clone(),
+                        path: file.path.clone(),
+                        detail,
                     });
                 }
                 Err(e) => return Err(e.into()),

@@ -23,7 +23,7 @@ use url::Url;
 
 use super::{
     RemoteFile, SourceCredentials, SourceError, SyncOptions, SyncProgress, Tap, backoff,
-    error_chain, globset, redact,
+    error_chain, globset, redact, short,
 };
 
 /// The public Hub.
@@ -309,7 +309,8 @@ impl HubSource {
                     }
                     return Ok(());
                 }
-                Err(e) if tap.failed && attempt < self.retries => {
+                // A download that broke off, or ended short of the listed size: try again.
+                Err(e) if (tap.failed || short(&e)) && attempt < self.retries => {
                     attempt += 1;
                     tracing::warn!(
                         source = %self.describe(),
@@ -325,6 +326,13 @@ impl HubSource {
                     return Err(SourceError::Unavailable {
                         what: format!("{} file '{}'", self.describe(), file.path),
                         detail: redact(&error_chain(&e), &self.secrets),
+                    });
+                }
+                Err(sealed_store::Error::FileChanged { detail, .. }) => {
+                    return Err(SourceError::SourceChanged {
+                        what: self.describe(),
+                        path: file.path.clone(),
+                        detail,
                     });
                 }
                 Err(e) => return Err(e.into()),

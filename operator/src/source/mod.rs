@@ -410,6 +410,11 @@ pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
+/// Whether an ingest failed because the stream ended short of (or past) the listed size.
+pub(crate) fn short(e: &sealed_store::Error) -> bool {
+    matches!(e, sealed_store::Error::FileChanged { .. })
+}
+
 /// Exponential backoff for retry `attempt` (1-based): 200 ms, 400 ms, ... capped at 10 s.
 pub(crate) fn backoff(attempt: u32) -> Duration {
     Duration::from_millis(200u64.saturating_mul(1 << attempt.min(6))).min(Duration::from_secs(10))
