@@ -154,6 +154,16 @@ async fn trash_restore_round_trip_on(store: &ChunkStore) {
     assert!(err.to_string().contains("reclaimed"), "{err}");
     // No lease left behind by any of this.
     assert!(list_leases(store).await.unwrap().is_empty());
+
+    // Collections exclude each other on this backend too (conditional create), and an
+    // expired marker is taken over (conditional update where the backend has one).
+    put_marker(store, chrono::Duration::minutes(5)).await;
+    let err = collect(store, &gc_now(HOUR)).await.unwrap_err();
+    assert!(matches!(err, Error::GcBusy { .. }), "{err:?}");
+    put_marker(store, chrono::Duration::minutes(-1)).await;
+    let report = collect(store, &gc_now(HOUR)).await.unwrap();
+    assert!(report.skipped.is_none(), "{report:?}");
+    assert!(read_gc_marker(store).await.unwrap().is_none());
 }
 
 async fn chunks_of_trashed(store: &ChunkStore, digest: &Digest) -> Vec<Digest> {
@@ -448,7 +458,7 @@ async fn lease_is_renewed_while_held() {
     let dir = tempfile::tempdir().unwrap();
     let store = file_store(dir.path()).await;
     let opts = LeaseOptions {
-        ttl: Duration::from_millis(900),
+        ttl: Duration::from_millis(1200),
         ..Default::default()
     };
     let lease = WriterLease::acquire_with(&store, "long push", &opts)
