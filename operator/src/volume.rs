@@ -21,7 +21,7 @@ use serde_json::json;
 
 use crate::context::{Context, Executor, MANAGER};
 use crate::error::{Error, Result};
-use crate::sync::{Credentials, SyncOutcome, SyncRequest, SyncState};
+use crate::sync::{Credentials, SyncFailure, SyncOutcome, SyncRequest, SyncState};
 
 /// Field manager of the sync outcome fields the volume controller writes on a version.
 const SYNC_MANAGER: &str = "sealed-operator-sync";
@@ -192,16 +192,7 @@ async fn drive_sync(
                     Err(failure) => {
                         // Not recorded as this trigger's outcome: a Secret created later is
                         // picked up by the next look, without a hot loop.
-                        set_condition(
-                            &mut status.conditions,
-                            condition(
-                                CONDITION_SYNCED,
-                                false,
-                                &failure.reason,
-                                &failure.message,
-                                generation,
-                            ),
-                        );
+                        record_failure(status, &failure, generation);
                         ctx.event(
                             &reference,
                             true,
@@ -328,16 +319,7 @@ async fn drive_sync(
                         .syncs_finished
                         .with_label_values(&[failure.reason.as_str()])
                         .inc();
-                    set_condition(
-                        &mut status.conditions,
-                        condition(
-                            CONDITION_SYNCED,
-                            false,
-                            &failure.reason,
-                            &failure.message,
-                            generation,
-                        ),
-                    );
+                    record_failure(status, &failure, generation);
                     ctx.event(
                         &reference,
                         true,
@@ -351,6 +333,20 @@ async fn drive_sync(
             Ok(None)
         }
     }
+}
+
+/// `Synced=False` with the failure's reason and message.
+fn record_failure(status: &mut SealedVolumeStatus, failure: &SyncFailure, generation: Option<i64>) {
+    set_condition(
+        &mut status.conditions,
+        condition(
+            CONDITION_SYNCED,
+            false,
+            &failure.reason,
+            &failure.message,
+            generation,
+        ),
+    );
 }
 
 /// Creates the SealedVolumeVersion of a finished sync (once) and records what the sync

@@ -441,37 +441,7 @@ async fn hugging_face_sync_seals_what_push_seals() {
     .digest;
 
     // `sealed sync` creates the volume and prints the digest once the operator sealed it.
-    let sealed = env!("CARGO_BIN_EXE_sealed-operator").replace("sealed-operator", "sealed");
-    assert!(Path::new(&sealed).exists(), "build the CLI first: {sealed}");
-    let cli = {
-        let (sealed, kubeconfig, url, ns) = (
-            sealed.clone(),
-            fx.cluster.kubeconfig.clone(),
-            hub.url.clone(),
-            fx.ns.clone(),
-        );
-        tokio::task::spawn_blocking(move || {
-            Command::new(&sealed)
-                .args([
-                    "sync",
-                    "hf://acme/tiny-llm",
-                    "--volume",
-                    &format!("{ns}/llm"),
-                ])
-                .args([
-                    "--source-endpoint",
-                    &url,
-                    "--no-progress",
-                    "--wait-timeout",
-                    "120",
-                ])
-                .env("KUBECONFIG", &kubeconfig)
-                .output()
-                .expect("run sealed sync")
-        })
-        .await
-        .expect("join")
-    };
+    let cli = sealed_sync(&fx, &hub.url, "hf://acme/tiny-llm", "llm").await;
     let stdout = String::from_utf8_lossy(&cli.stdout);
     assert!(
         cli.status.success(),
@@ -537,31 +507,39 @@ async fn hugging_face_sync_seals_what_push_seals() {
     );
 
     // A repo that does not exist: Synced False with the reason, and `sealed sync` says so.
-    let missing = tokio::task::spawn_blocking({
-        let (kubeconfig, url, ns) = (
-            fx.cluster.kubeconfig.clone(),
-            hub.url.clone(),
-            fx.ns.clone(),
-        );
-        move || {
-            Command::new(&sealed)
-                .args(["sync", "hf://acme/nope", "--volume", &format!("{ns}/nope")])
-                .args([
-                    "--source-endpoint",
-                    &url,
-                    "--no-progress",
-                    "--wait-timeout",
-                    "120",
-                ])
-                .env("KUBECONFIG", &kubeconfig)
-                .output()
-                .expect("run sealed sync")
-        }
-    })
-    .await
-    .expect("join");
+    let missing = sealed_sync(&fx, &hub.url, "hf://acme/nope", "nope").await;
     let stderr = String::from_utf8_lossy(&missing.stderr);
     assert!(!missing.status.success());
     assert!(stderr.contains("RepoNotFound"), "{stderr}");
     fx.stop().await;
+}
+
+/// Runs the `sealed` CLI's `sync SOURCE --volume NS/VOLUME` against the test cluster.
+async fn sealed_sync(fx: &Fixture, hub: &str, source: &str, volume: &str) -> std::process::Output {
+    let sealed = env!("CARGO_BIN_EXE_sealed-operator").replace("sealed-operator", "sealed");
+    assert!(Path::new(&sealed).exists(), "build the CLI first: {sealed}");
+    let kubeconfig = fx.cluster.kubeconfig.clone();
+    let args: Vec<String> = [
+        "sync",
+        source,
+        "--volume",
+        &format!("{}/{volume}", fx.ns),
+        "--source-endpoint",
+        hub,
+        "--no-progress",
+        "--wait-timeout",
+        "120",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    tokio::task::spawn_blocking(move || {
+        Command::new(&sealed)
+            .args(&args)
+            .env("KUBECONFIG", &kubeconfig)
+            .output()
+            .expect("run sealed sync")
+    })
+    .await
+    .expect("join")
 }
