@@ -131,6 +131,12 @@ impl WriterLease {
         let pid = std::process::id();
         let started = Instant::now();
         let mut backoff = Duration::from_millis(50);
+        // If this future is dropped mid-wait (Ctrl-C), the lease object goes too.
+        let mut pending = PendingLease {
+            store: store.clone(),
+            key: key.clone(),
+            armed: true,
+        };
         loop {
             // 1. Our lease first …
             let write_start = Instant::now();
@@ -157,6 +163,7 @@ impl WriterLease {
             let Some(marker) = live_marker else {
                 let keepalive =
                     Keepalive::start(store, key.clone(), record.clone(), ttl, write_start);
+                pending.armed = false;
                 tracing::debug!(lease = %id, purpose, "writer lease acquired");
                 return Ok(WriterLease {
                     store: store.clone(),
@@ -252,6 +259,25 @@ impl Drop for WriterLease {
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let store = self.store.clone();
             let key = self.key.clone();
+            handle.spawn(async move { delete_quietly(&store, &key).await });
+        }
+    }
+}
+
+/// Deletes a lease whose acquisition did not complete.
+struct PendingLease {
+    store: ChunkStore,
+    key: ObjectPath,
+    armed: bool,
+}
+
+impl Drop for PendingLease {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let (store, key) = (self.store.clone(), self.key.clone());
             handle.spawn(async move { delete_quietly(&store, &key).await });
         }
     }

@@ -419,8 +419,24 @@ async fn writers_wait_for_a_running_gc_and_collections_exclude_each_other() {
         .unwrap_err();
     assert!(matches!(err, Error::GcRunning { .. }), "{err:?}");
     assert!(err.to_string().contains("pid 42"), "{err}");
-    // The writer withdrew its lease while waiting.
+    // The writer withdrew its lease when it gave up.
     assert!(list_leases(&store).await.unwrap().is_empty());
+    // While it waits its lease stays (marked waiting), so the next collection defers to it;
+    // a wait that is abandoned (Ctrl-C) takes the lease along.
+    let waiter = WriterLease::acquire(&store, "impatient push");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), waiter)
+            .await
+            .is_err()
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !list_leases(&store).await.unwrap().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "an abandoned wait left its lease"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     // A marker that ends while the writer waits: the writer proceeds.
     put_marker(&store, chrono::Duration::minutes(5)).await;
