@@ -12,7 +12,7 @@
 //! files give the same digest whichever way they arrive. The order is push's: every chunk
 //! durable, then `sync`, then the manifest (conditional create), then the volume record.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::io::{self, Read};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -31,6 +31,7 @@ use crate::manifest::{
     ChunkRef, Entry, EntryKind, FileEntry, Manifest, validate_path, validate_symlink_target,
 };
 use crate::progress::{Phase, Progress};
+use crate::scan::check_symlink_loops;
 use crate::push::PushReport;
 use crate::store::{ChunkStore, validate_volume_name};
 
@@ -67,8 +68,6 @@ const FEED_BLOCK: usize = 1024 * 1024;
 const FEED_DEPTH: usize = 4;
 /// What the chunker's sink reports when the uploader has stopped (its error is the real one).
 const UPLOADER_STOPPED: &str = "uploader stopped";
-/// Linux follows at most 40 links while resolving one path; so do we when looking for loops.
-const MAX_LINK_HOPS: usize = 40;
 
 #[derive(Default)]
 struct UploadStats {
@@ -508,44 +507,6 @@ fn with_parents(mut entries: BTreeMap<String, EntryKind>) -> Result<Vec<Entry>> 
         .into_iter()
         .map(|(path, kind)| Entry { path, kind })
         .collect())
-}
-
-/// Refuses a symlink that never settles when resolved inside the tree, as a push does.
-fn check_symlink_loops(entries: &[Entry]) -> Result<()> {
-    let links: HashMap<&str, &str> = entries
-        .iter()
-        .filter_map(|e| match &e.kind {
-            EntryKind::Symlink { target } => Some((e.path.as_str(), target.as_str())),
-            _ => None,
-        })
-        .collect();
-    for link in links.keys() {
-        let mut hops = 0;
-        let mut todo: Vec<String> = link.rsplit('/').map(str::to_owned).collect();
-        let mut resolved: Vec<String> = Vec::new();
-        while let Some(c) = todo.pop() {
-            match c.as_str() {
-                "" | "." => continue,
-                ".." => {
-                    resolved.pop();
-                    continue;
-                }
-                _ => {}
-            }
-            resolved.push(c);
-            if let Some(target) = links.get(resolved.join("/").as_str()) {
-                hops += 1;
-                if hops > MAX_LINK_HOPS {
-                    return Err(Error::InvalidManifest(format!(
-                        "symlink '{link}' loops: resolving it never reaches a file or directory"
-                    )));
-                }
-                resolved.pop();
-                todo.extend(target.rsplit('/').map(str::to_owned));
-            }
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

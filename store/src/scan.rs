@@ -163,7 +163,7 @@ fn walk(
 
 /// Resolves every symlink inside the tree (lexically, as the kernel would inside the mount)
 /// and fails on one that never settles. Dangling links are allowed: they are stored as links.
-fn check_symlink_loops(entries: &[Entry]) -> Result<()> {
+pub(crate) fn check_symlink_loops(entries: &[Entry]) -> Result<()> {
     let links: HashMap<&str, &str> = entries
         .iter()
         .filter_map(|e| match &e.kind {
