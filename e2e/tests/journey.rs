@@ -1,0 +1,1395 @@
+//! The end-to-end journey (issue 7) on the real local cluster (`hack/cluster.sh`), with the
+//! Helm chart installed as a user would, images built without Docker and a real S3 server
+//! (moto) the pods reach on the node's IP. One test, in order; every step says on stderr
+//! what it did and what it checked:
+//!
+//! 1. images built and imported (`hack/images.sh sealed`, plus the `tree-b3` reader), the
+//!    chart installed into a fresh namespace (store: a moto bucket, sync Jobs), operator
+//!    Deployment and node DaemonSet ready, the driver registered with kubelet;
+//! 2. a small model tree in a second bucket, a SealedVolume with an `objectStore` source: the
+//!    operator runs a sync Job and a Ready SealedVolumeVersion appears whose digest equals
+//!    `sealed_store::push` of the same local tree into a scratch memory store;
+//! 3. a pod mounting the version inline by digest: the BLAKE3 of every file it reads equals
+//!    that file's whole-content BLAKE3 in the manifest (read from the store);
+//! 4. tags: `prod` → v1, a pod by `volume` + `tag` and one pinned to v1; the source changes
+//!    and a resync (annotation) seals v2; `prod` → v2: a new pod by tag reads v2, the pinned
+//!    pod (and the tag pod started earlier) still read v1;
+//! 5. rollback: `prod` back to v1 and a pod by tag reads v1; a pod by v1's digest reads v1;
+//! 6. deleting v1's SealedVolumeVersion moves its manifest to the store's trash and a pod
+//!    by v1's digest is refused; restoring it (`sealed_store::trash::restore_version`, what
+//!    `sealed restore` does) makes the operator re-import the version, and a pod reads v1;
+//! 7. labelling the node `nvidia.com/gpu.product=NVIDIA-L4` takes the node plugin away
+//!    (desiredNumberScheduled 0); removing the label brings it back;
+//! 8. `helm upgrade` rolls the node plugin while a pod reads: the new plugin gets ready and
+//!    a new pod reads correct bytes; what the running pod saw is printed, and its broken
+//!    reads are reported as a KNOWN GAP (restart safety, docs/csi.md), not a failure.
+//!
+//! Cleanup runs whatever happens (the steps run in a spawned task, so a panic is caught):
+//! pods and versions go while the plugin and operator still run, then `helm uninstall`,
+//! the node's GPU label, the CSIDriver, the namespaces and moto.
+//!
+//! Skipped (with a notice) unless `SEALED_E2E_CLUSTER=1`; needs root, moto_server, helm
+//! (`hack/build-k8s.sh`) and the workspace's binaries (`cargo build` / `cargo test` builds
+//! them).
+
+use std::collections::BTreeMap;
+use std::fmt::Display;
+use std::io::Write as _;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, Secret};
+use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
+use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use object_store::aws::AmazonS3Builder;
+use object_store::prefix::PrefixStore;
+use object_store::{ObjectStore, PutPayload};
+use sealed_crds::{SealedVolume, SealedVolumeVersion, SealedVolumeVersionSpec};
+use sealed_e2e::Cluster;
+use sealed_store::push::{PushOptions, push};
+use sealed_store::{ChunkStore, Digest, EntryKind, NoProgress};
+
+const RELEASE: &str = "journey";
+const DRIVER: &str = "csi.sealedvolumes.io";
+const GPU_LABEL: &str = "nvidia.com/gpu.product";
+const READER_IMAGE: &str = "sealed.local/tree-b3:journey";
+/// Namespaces this suite creates carry this label, so a later run can clean up after a
+/// run that was killed.
+const NS_LABEL: &str = "sealedvolumes.io/e2e";
+const STORE_BUCKET: &str = "journey-store";
+const STORE_PREFIX: &str = "sealed";
+const SOURCE_BUCKET: &str = "journey-source";
+const SOURCE_PREFIX: &str = "models/tiny";
+const VOLUME: &str = "tiny";
+/// The node's address as pods see it (hack/cluster.sh's bridge).
+const HOST_IP: &str = "10.244.0.1";
+const REGION: &str = "us-east-1";
+
+// ---------------------------------------------------------------------------------------
+// Logging
+
+fn started() -> Instant {
+    static START: OnceLock<Instant> = OnceLock::new();
+    *START.get_or_init(Instant::now)
+}
+
+/// One line on stderr (the handle, so it shows without --nocapture), with the time.
+fn say(msg: impl Display) {
+    let _ = writeln!(
+        std::io::stderr(),
+        "[journey {:>6.1}s] {msg}",
+        started().elapsed().as_secs_f64()
+    );
+}
+
+fn step(n: u32, title: &str) {
+    say(format!("===== step {n}: {title}"));
+}
+
+// ---------------------------------------------------------------------------------------
+// Tools and servers
+
+/// A binary cargo built for another crate of the workspace: next to this test's own
+/// directory (`$CARGO_TARGET_DIR/debug/deps/journey-…` → `$CARGO_TARGET_DIR/debug/NAME`).
+fn workspace_binary(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("cannot find the test binary's path")?;
+    let debug = exe
+        .parent()
+        .and_then(Path::parent)
+        .context("the test binary has no grandparent directory")?;
+    let path = debug.join(name);
+    ensure!(
+        path.is_file(),
+        "{} does not exist: build it with `cargo build -p {name}` (cargo test --workspace builds \
+         it too)",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// helm and kubectl: the pinned builds of `hack/build-k8s.sh` (or `SEALED_HELM`).
+struct Tools {
+    helm: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+impl Tools {
+    fn find(kubeconfig: &Path) -> Result<Tools> {
+        let helm = match std::env::var_os("SEALED_HELM") {
+            Some(p) => PathBuf::from(p),
+            None => {
+                let script = sealed_e2e::repo_root().join("hack/build-k8s.sh");
+                let out = Command::new(&script)
+                    .arg("--print-bin-dir")
+                    .stderr(Stdio::inherit())
+                    .output()
+                    .with_context(|| format!("cannot run {}", script.display()))?;
+                ensure!(
+                    out.status.success(),
+                    "{} --print-bin-dir failed",
+                    script.display()
+                );
+                PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("helm")
+            }
+        };
+        ensure!(
+            helm.is_file(),
+            "no helm at {} (hack/build-k8s.sh builds it; or set SEALED_HELM)",
+            helm.display()
+        );
+        Ok(Tools {
+            helm,
+            kubeconfig: kubeconfig.to_path_buf(),
+        })
+    }
+
+    fn helm(&self, args: &[&str]) -> Result<String> {
+        let out = Command::new(&self.helm)
+            .args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .current_dir(sealed_e2e::repo_root())
+            .output()
+            .context("cannot run helm")?;
+        if !out.status.success() {
+            bail!(
+                "helm {} failed ({}):\n{}{}",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+/// moto's S3 server on every address (pods reach it on the node's IP), with the store and
+/// source buckets; killed when dropped.
+struct Moto {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Moto {
+    fn start() -> Result<Moto> {
+        let port = TcpListener::bind("0.0.0.0:0")?.local_addr()?.port();
+        let child = Command::new("moto_server")
+            .args(["-H", "0.0.0.0", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context(
+                "cannot start moto_server (hack/install-test-deps.sh installs it; or pip install \
+                 'moto[server]')",
+            )?;
+        let mut moto = Moto { child, port };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Ok(Some(status)) = moto.child.try_wait() {
+                bail!("moto_server exited early: {status}");
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "moto_server did not listen on {port} within 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        for bucket in [STORE_BUCKET, SOURCE_BUCKET] {
+            let status = Command::new("curl")
+                .args(["-sf", "-X", "PUT"])
+                .arg(format!("http://127.0.0.1:{port}/{bucket}"))
+                .stdout(Stdio::null())
+                .status()
+                .context("cannot run curl")?;
+            ensure!(status.success(), "creating bucket {bucket} on moto failed");
+        }
+        // The same server must answer on the node's IP, where pods send their requests.
+        ensure!(
+            std::net::TcpStream::connect((HOST_IP, port)).is_ok(),
+            "moto listens on 0.0.0.0:{port} but {HOST_IP}:{port} does not answer"
+        );
+        Ok(moto)
+    }
+
+    /// The endpoint as pods see it.
+    fn pod_endpoint(&self) -> String {
+        format!("http://{HOST_IP}:{}", self.port)
+    }
+
+    /// A bucket (under `prefix`) as this process sees it.
+    fn bucket(&self, bucket: &str, prefix: &str) -> Result<Arc<dyn ObjectStore>> {
+        let s3 = AmazonS3Builder::new()
+            .with_bucket_name(bucket)
+            .with_endpoint(format!("http://127.0.0.1:{}", self.port))
+            .with_allow_http(true)
+            .with_virtual_hosted_style_request(false)
+            .with_region(REGION)
+            .with_access_key_id("test")
+            .with_secret_access_key("test")
+            .build()?;
+        Ok(Arc::new(PrefixStore::new(s3, prefix)))
+    }
+
+    /// The sealed store the chart's operator and plugin use, opened from this process.
+    fn store(&self) -> Result<ChunkStore> {
+        Ok(ChunkStore::from_object_store(
+            self.bucket(STORE_BUCKET, STORE_PREFIX)?,
+            format!("s3://{STORE_BUCKET}/{STORE_PREFIX}"),
+        ))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The model tree
+
+/// xorshift64: the same bytes on every run.
+fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// v1 of the model: a few files, one of 6 MiB (several chunks), nested directories.
+fn model_v1() -> BTreeMap<&'static str, Vec<u8>> {
+    BTreeMap::from([
+        (
+            "config.json",
+            br#"{"architectures": ["TinyForCausalLM"], "hidden_size": 64, "step": 1000}"#.to_vec(),
+        ),
+        (
+            "README.md",
+            b"# tiny\nA model small enough for a test.\n".to_vec(),
+        ),
+        ("tokenizer/tokenizer.json", pseudo_random(150 * 1024, 2)),
+        (
+            "weights/model-00001-of-00001.bin",
+            pseudo_random(6 << 20, 3),
+        ),
+        (
+            "weights/adapters/lora/adapter.bin",
+            pseudo_random(300 * 1024, 4),
+        ),
+    ])
+}
+
+/// v2: one file changed.
+fn model_v2() -> BTreeMap<&'static str, Vec<u8>> {
+    let mut files = model_v1();
+    files.insert(
+        "config.json",
+        br#"{"architectures": ["TinyForCausalLM"], "hidden_size": 64, "step": 2000}"#.to_vec(),
+    );
+    files
+}
+
+fn write_tree(dir: &Path, files: &BTreeMap<&str, Vec<u8>>) -> Result<()> {
+    for (path, bytes) in files {
+        let path = dir.join(path);
+        std::fs::create_dir_all(path.parent().context("no parent")?)?;
+        std::fs::write(&path, bytes)?;
+    }
+    Ok(())
+}
+
+/// The digest `sealed push` gives the tree: pushed into a scratch memory store.
+async fn push_digest(files: &BTreeMap<&str, Vec<u8>>) -> Result<Digest> {
+    let dir = tempfile::tempdir()?;
+    write_tree(dir.path(), files)?;
+    let report = push(
+        &ChunkStore::memory(),
+        dir.path(),
+        &PushOptions::default(),
+        Arc::new(NoProgress),
+    )
+    .await?;
+    Ok(report.digest)
+}
+
+async fn upload_tree(bucket: &dyn ObjectStore, files: &BTreeMap<&str, Vec<u8>>) -> Result<()> {
+    for (path, bytes) in files {
+        bucket
+            .put(
+                &object_store::path::Path::from(*path),
+                PutPayload::from(bytes.clone()),
+            )
+            .await
+            .with_context(|| format!("uploading {path} to the source bucket"))?;
+    }
+    Ok(())
+}
+
+/// What `tree-b3 /model` prints for a version: `<blake3>  <path>` per file, from the
+/// manifest in the store (each file's whole-content BLAKE3), sorted by path.
+async fn expected_sums(store: &ChunkStore, digest: &Digest) -> Result<Vec<String>> {
+    let manifest = store
+        .get_manifest(digest)
+        .await
+        .with_context(|| format!("reading the manifest of {digest} from the store"))?;
+    let mut lines: Vec<(String, String)> = manifest
+        .entries
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EntryKind::File(f) => Some((e.path.clone(), format!("{}  {}", f.blake3.hex(), e.path))),
+            _ => None,
+        })
+        .collect();
+    lines.sort();
+    Ok(lines.into_iter().map(|(_, l)| l).collect())
+}
+
+/// What `tree-b3 --sleep` prints after `read N ok`: the BLAKE3 of its sums text.
+fn sums_total(lines: &[String]) -> String {
+    let mut text = String::new();
+    for line in lines {
+        text.push_str(line);
+        text.push('\n');
+    }
+    blake3::hash(text.as_bytes()).to_hex().to_string()
+}
+
+// ---------------------------------------------------------------------------------------
+// Kubernetes helpers
+
+async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<bool>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check().await? {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn labelled_namespace(client: &Client, prefix: &str) -> Result<String> {
+    let ns: Namespace = serde_json::from_value(serde_json::json!({
+        "metadata": { "generateName": format!("{prefix}-"), "labels": { NS_LABEL: "journey" } }
+    }))?;
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await?
+        .metadata
+        .name
+        .context("a namespace without a name")
+}
+
+async fn csinode_has_driver(client: &Client, node: &str) -> Result<bool> {
+    Ok(Api::<CSINode>::all(client.clone())
+        .get_opt(node)
+        .await?
+        .is_some_and(|c| c.spec.drivers.iter().any(|d| d.name == DRIVER)))
+}
+
+async fn set_gpu_label(client: &Client, node: &str, value: Option<&str>) -> Result<()> {
+    let patch = serde_json::json!({ "metadata": { "labels": { GPU_LABEL: value } } });
+    Api::<Node>::all(client.clone())
+        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("cannot change label {GPU_LABEL} of node {node}"))?;
+    Ok(())
+}
+
+async fn gpu_label(client: &Client, node: &str) -> Result<Option<String>> {
+    Ok(Api::<Node>::all(client.clone())
+        .get(node)
+        .await?
+        .labels()
+        .get(GPU_LABEL)
+        .cloned())
+}
+
+/// A pod running the reader image on the volume `attributes` (digest, or volume + tag).
+/// With `sleep` it keeps reading once a second after printing the sums.
+fn reader_pod(name: &str, node: &str, attributes: serde_json::Value, sleep: bool) -> Result<Pod> {
+    let mut args = vec!["/model"];
+    if sleep {
+        args.push("--sleep");
+    }
+    Ok(serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name },
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main",
+                "image": READER_IMAGE,
+                "imagePullPolicy": "Never",
+                "args": args,
+                "volumeMounts": [{ "name": "model", "mountPath": "/model", "readOnly": true }],
+            }],
+            "volumes": [{
+                "name": "model",
+                "csi": { "driver": DRIVER, "readOnly": true, "volumeAttributes": attributes },
+            }],
+        }
+    }))?)
+}
+
+fn by_digest(digest: &Digest) -> serde_json::Value {
+    serde_json::json!({ "digest": digest.to_string() })
+}
+
+fn by_tag(tag: &str) -> serde_json::Value {
+    serde_json::json!({ "volume": VOLUME, "tag": tag })
+}
+
+/// The sums a reader pod printed (the lines before `TREE-B3-DONE`).
+fn sums_in(log: &str) -> Option<Vec<String>> {
+    let (sums, _) = log.split_once("TREE-B3-DONE")?;
+    Some(sums.lines().map(str::to_string).collect())
+}
+
+/// Everything one run of the journey needs.
+struct Journey {
+    cluster: Cluster,
+    tools: Tools,
+    moto: Moto,
+    store: ChunkStore,
+    node: String,
+    /// The chart's release namespace.
+    release_ns: String,
+    /// The namespace of the SealedVolume and the pods.
+    ns: String,
+}
+
+impl Journey {
+    fn client(&self) -> Client {
+        self.cluster.client.clone()
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client(), &self.ns)
+    }
+
+    fn volumes(&self) -> Api<SealedVolume> {
+        Api::namespaced(self.client(), &self.ns)
+    }
+
+    fn versions(&self) -> Api<SealedVolumeVersion> {
+        Api::namespaced(self.client(), &self.ns)
+    }
+
+    fn daemonsets(&self) -> Api<DaemonSet> {
+        Api::namespaced(self.client(), &self.release_ns)
+    }
+
+    async fn log_of(&self, pod: &str) -> String {
+        self.pods()
+            .logs(pod, &LogParams::default())
+            .await
+            .unwrap_or_default()
+    }
+
+    /// Why a pod is not running yet: its events.
+    async fn events_of(&self, pod: &str) -> Vec<String> {
+        Api::<Event>::namespaced(self.client(), &self.ns)
+            .list(&ListParams::default().fields(&format!("involvedObject.name={pod}")))
+            .await
+            .map(|l| {
+                l.items
+                    .iter()
+                    .map(|e| {
+                        format!(
+                            "{} {}: {}",
+                            e.type_.as_deref().unwrap_or(""),
+                            e.reason.as_deref().unwrap_or(""),
+                            e.message.as_deref().unwrap_or("")
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Starts a reader pod and waits until it printed its sums; returns them.
+    async fn start_reader(
+        &self,
+        name: &str,
+        attributes: serde_json::Value,
+        sleep: bool,
+    ) -> Result<Vec<String>> {
+        let pods = self.pods();
+        let t = Instant::now();
+        pods.create(
+            &PostParams::default(),
+            &reader_pod(name, &self.node, attributes, sleep)?,
+        )
+        .await
+        .with_context(|| format!("creating pod {name}"))?;
+        let waited = wait_for(
+            &format!("pod {name} to print its sums"),
+            Duration::from_secs(90),
+            || async {
+                let pod = pods.get(name).await?;
+                let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
+                let log = self.log_of(name).await;
+                if log.contains("TREE-B3-DONE") {
+                    return Ok(true);
+                }
+                if matches!(phase.as_deref(), Some("Failed" | "Succeeded")) {
+                    bail!("pod {name} ended ({phase:?}) without its sums; log:\n{log}");
+                }
+                Ok(false)
+            },
+        )
+        .await;
+        if let Err(e) = waited {
+            bail!("{e:#}; events: {:#?}", self.events_of(name).await);
+        }
+        let log = self.log_of(name).await;
+        say(format!(
+            "pod {name} read every file {:.1} s after it was created",
+            t.elapsed().as_secs_f64()
+        ));
+        sums_in(&log).context("no sums in the log")
+    }
+
+    /// A one-shot reader pod: its sums, then the pod is deleted.
+    async fn read_once(&self, name: &str, attributes: serde_json::Value) -> Result<Vec<String>> {
+        let sums = self.start_reader(name, attributes, false).await;
+        self.delete_pod(name).await?;
+        sums
+    }
+
+    async fn delete_pod(&self, name: &str) -> Result<()> {
+        let pods = self.pods();
+        let _ = pods.delete(name, &DeleteParams::default()).await;
+        wait_for(
+            &format!("pod {name} to go"),
+            Duration::from_secs(90),
+            || async { Ok(pods.get_opt(name).await?.is_none()) },
+        )
+        .await
+    }
+
+    /// The `read N ok TOTAL` / `read N failed: …` lines of a sleeping reader.
+    async fn reads_of(&self, pod: &str) -> Vec<String> {
+        self.log_of(pod)
+            .await
+            .lines()
+            .filter(|l| l.starts_with("read "))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Waits for the reader's next read after now and returns it.
+    async fn next_read(&self, pod: &str) -> Result<String> {
+        let before = self.reads_of(pod).await.len();
+        let line = std::sync::Mutex::new(String::new());
+        wait_for(
+            &format!("pod {pod} to read again"),
+            Duration::from_secs(30),
+            || async {
+                let reads = self.reads_of(pod).await;
+                if reads.len() > before {
+                    *line.lock().unwrap() = reads.last().cloned().unwrap_or_default();
+                    return Ok(true);
+                }
+                Ok(false)
+            },
+        )
+        .await?;
+        Ok(line.into_inner().unwrap())
+    }
+
+    async fn set_tag(&self, tag: &str, digest: &Digest) -> Result<()> {
+        let patch = serde_json::json!({ "spec": { "tags": { tag: digest.to_string() } } });
+        self.volumes()
+            .patch(VOLUME, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .with_context(|| format!("cannot set tag {tag}"))?;
+        say(format!("tag {tag} -> {digest}"));
+        Ok(())
+    }
+
+    /// Waits until a Ready SealedVolumeVersion with `digest` exists; notes sync Jobs seen.
+    async fn wait_for_version(
+        &self,
+        digest: &Digest,
+        timeout: Duration,
+        jobs_seen: &mut Vec<String>,
+    ) -> Result<SealedVolumeVersion> {
+        let jobs: Api<Job> = Api::namespaced(self.client(), &self.release_ns);
+        let want = digest.to_string();
+        let deadline = Instant::now() + timeout;
+        loop {
+            for job in jobs
+                .list(&ListParams::default().labels("app.kubernetes.io/managed-by=sealed-operator"))
+                .await?
+                .items
+            {
+                let name = job.name_any();
+                if !jobs_seen.contains(&name) {
+                    say(format!("sync Job {}/{name} appeared", self.release_ns));
+                    jobs_seen.push(name);
+                }
+            }
+            let versions = self.versions().list(&ListParams::default()).await?.items;
+            if let Some(v) = versions.iter().find(|v| v.spec.digest == want) {
+                let ready = v
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.condition(sealed_crds::CONDITION_READY))
+                    .is_some_and(|c| c.status == "True");
+                if ready {
+                    return Ok(v.clone());
+                }
+            }
+            if Instant::now() > deadline {
+                let volume = self.volumes().get_opt(VOLUME).await?;
+                bail!(
+                    "no Ready SealedVolumeVersion with {want} in {} within {timeout:?}; versions: \
+                     {:?}; volume status: {:#?}",
+                    self.ns,
+                    versions
+                        .iter()
+                        .map(|v| (v.name_any(), v.spec.digest.clone(), v.status.clone()))
+                        .collect::<Vec<_>>(),
+                    volume.and_then(|v| v.status)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// The node plugin's pods (by the DaemonSet's selector labels).
+    async fn plugin_pods(&self) -> Result<Vec<Pod>> {
+        Ok(Api::<Pod>::namespaced(self.client(), &self.release_ns)
+            .list(&ListParams::default().labels(&format!(
+                "app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=node"
+            )))
+            .await?
+            .items)
+    }
+
+    async fn daemonset_ready(&self) -> Result<bool> {
+        let ds = self.daemonsets().get(&format!("{RELEASE}-node")).await?;
+        let generation = ds.metadata.generation;
+        let Some(s) = ds.status else {
+            return Ok(false);
+        };
+        Ok(s.observed_generation == generation
+            && s.desired_number_scheduled >= 1
+            && s.number_ready == s.desired_number_scheduled
+            && s.updated_number_scheduled == Some(s.desired_number_scheduled))
+    }
+
+    /// The DaemonSet's pod is ready and the driver is registered with kubelet.
+    async fn wait_plugin_ready(&self, what: &str) -> Result<()> {
+        wait_for(
+            &format!("{what}: DaemonSet {RELEASE}-node ready"),
+            Duration::from_secs(120),
+            || self.daemonset_ready(),
+        )
+        .await?;
+        let client = self.client();
+        wait_for(
+            &format!("{what}: {DRIVER} registered in CSINode {}", self.node),
+            Duration::from_secs(60),
+            || csinode_has_driver(&client, &self.node),
+        )
+        .await
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The test
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn journey() -> Result<()> {
+    let Some(cluster) = sealed_e2e::cluster("journey").await else {
+        return Ok(());
+    };
+    started();
+    let client = cluster.client.clone();
+    let tools = Tools::find(&cluster.kubeconfig)?;
+    let operator_bin = workspace_binary("sealed-operator")?;
+    let csi_bin = workspace_binary("sealed-csi")?;
+    let node = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter_map(|n| n.metadata.name.clone())
+        .find(|n| !n.starts_with("sealed-csi-test-"))
+        .context("the cluster has no node")?;
+    clean_stale_runs(&client, &tools, &node).await?;
+
+    let moto = Moto::start()?;
+    say(format!(
+        "moto_server on 0.0.0.0:{} (pods: {}), buckets {STORE_BUCKET} and {SOURCE_BUCKET}",
+        moto.port,
+        moto.pod_endpoint()
+    ));
+    let store = moto.store()?;
+    let release_ns = labelled_namespace(&client, "sealed-journey-system").await?;
+    let ns = labelled_namespace(&client, "sealed-journey").await?;
+    say(format!(
+        "release namespace {release_ns}, volume namespace {ns}, node {node}"
+    ));
+    let journey = Arc::new(Journey {
+        cluster,
+        tools,
+        moto,
+        store,
+        node,
+        release_ns,
+        ns,
+    });
+
+    // The steps run in their own task: a panic there still reaches the cleanup below.
+    let run = tokio::spawn({
+        let j = journey.clone();
+        async move { steps(&j, &operator_bin, &csi_bin).await }
+    });
+    let result = match run.await {
+        Ok(r) => r,
+        Err(e) => Err(anyhow::anyhow!("the journey panicked: {e}")),
+    };
+    if let Err(e) = &result {
+        say(format!("FAILED: {e:#}"));
+        dump_state(&journey).await;
+    }
+    cleanup(&journey).await;
+    say(format!(
+        "done in {:.0} s: {}",
+        started().elapsed().as_secs_f64(),
+        if result.is_ok() { "ok" } else { "failed" }
+    ));
+    result
+}
+
+/// A run that was killed leaves its release and namespaces: remove them, and the node's
+/// GPU label, before starting.
+async fn clean_stale_runs(client: &Client, tools: &Tools, node: &str) -> Result<()> {
+    if let Some(value) = gpu_label(client, node).await? {
+        say(format!(
+            "node {node} has a leftover {GPU_LABEL}={value}: removing it"
+        ));
+        set_gpu_label(client, node, None).await?;
+    }
+    let stale = Api::<Namespace>::all(client.clone())
+        .list(&ListParams::default().labels(&format!("{NS_LABEL}=journey")))
+        .await?
+        .items;
+    for ns in &stale {
+        let name = ns.name_any();
+        say(format!("removing namespace {name} of an earlier run"));
+        strip_version_finalizers(client, &name).await;
+        let _ = tools.helm(&["uninstall", RELEASE, "-n", &name, "--wait"]);
+        let _ = Api::<Namespace>::all(client.clone())
+            .delete(&name, &DeleteParams::default())
+            .await;
+    }
+    let drivers = Api::<CSIDriver>::all(client.clone());
+    if let Some(d) = drivers.get_opt(DRIVER).await? {
+        let managed = d.labels().get("app.kubernetes.io/managed-by").cloned();
+        say(format!(
+            "deleting a stale CSIDriver {DRIVER} (managed by {managed:?})"
+        ));
+        drivers.delete(DRIVER, &DeleteParams::default()).await?;
+    }
+    let registered = wait_for(
+        "no plugin of another run or test registered on the node",
+        Duration::from_secs(60),
+        || async { Ok(!csinode_has_driver(client, node).await?) },
+    )
+    .await;
+    if registered.is_err() {
+        bail!(
+            "{DRIVER} is registered on node {node} by something else (csi-driver/tests/pods.rs \
+             running now, or another DaemonSet); not touching it"
+        );
+    }
+    Ok(())
+}
+
+/// SealedVolumeVersions hold a finalizer only the operator removes: without an operator
+/// they would keep their namespace Terminating.
+async fn strip_version_finalizers(client: &Client, ns: &str) {
+    let api: Api<SealedVolumeVersion> = Api::namespaced(client.clone(), ns);
+    let Ok(list) = api.list(&ListParams::default()).await else {
+        return;
+    };
+    for v in list.items {
+        let patch = serde_json::json!({ "metadata": { "finalizers": null } });
+        let _ = api
+            .patch(
+                &v.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await;
+    }
+}
+
+async fn steps(j: &Journey, operator_bin: &Path, csi_bin: &Path) -> Result<()> {
+    install(j, operator_bin, csi_bin).await?;
+    let (v1, v2) = sync_and_tags(j).await?;
+    delete_and_restore(j, &v1).await?;
+    gpu_exclusion(j).await?;
+    upgrade(j, &v2).await?;
+    Ok(())
+}
+
+/// Step 1.
+async fn install(j: &Journey, operator_bin: &Path, csi_bin: &Path) -> Result<()> {
+    step(1, "images and the Helm chart");
+    let t = Instant::now();
+    let script = sealed_e2e::repo_root().join("hack/images.sh");
+    let out = Command::new(&script)
+        .arg("sealed")
+        .env("SEALED_OPERATOR_BIN", operator_bin)
+        .env("SEALED_CSI_BIN", csi_bin)
+        .env("SEALED_IMAGE_TAG", "dev")
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("cannot run {}", script.display()))?;
+    ensure!(
+        out.status.success(),
+        "hack/images.sh sealed failed ({})",
+        out.status
+    );
+    let reader = PathBuf::from(env!("CARGO_BIN_EXE_tree-b3"));
+    sealed_e2e::image_from_binary(READER_IMAGE, &reader, &[])?;
+    say(format!(
+        "images sealed.local/sealed-operator:dev, sealed.local/sealed-csi:dev and {READER_IMAGE} \
+         built and imported in {:.0} s",
+        t.elapsed().as_secs_f64()
+    ));
+
+    let endpoint = j.moto.pod_endpoint();
+    let sets = [
+        format!("fullnameOverride={RELEASE}"),
+        "image.tag=dev".into(),
+        format!("store.url=s3://{STORE_BUCKET}/{STORE_PREFIX}"),
+        format!("store.endpoint={endpoint}"),
+        format!("store.region={REGION}"),
+        "store.credentials.AWS_ACCESS_KEY_ID=test".into(),
+        "store.credentials.AWS_SECRET_ACCESS_KEY=test".into(),
+        "operator.syncExecutor=job".into(),
+        // Restored versions are looked for this often (default 30s).
+        "operator.uploadPoll=5s".into(),
+        "operator.gcInterval=0".into(),
+        "cache.size=1Gi".into(),
+    ];
+    let mut args = vec![
+        "install",
+        RELEASE,
+        "charts/sealed-volumes",
+        "-n",
+        &j.release_ns,
+    ];
+    for s in &sets {
+        args.extend(["--set", s.as_str()]);
+    }
+    // Only this run's namespace: operator tests on the same cluster have their own volumes.
+    let watch = format!(r#"operator.extraArgs=["--watch-namespace={}"]"#, j.ns);
+    args.extend(["--set-json", &watch]);
+    j.tools.helm(&args)?;
+    say(format!(
+        "helm install {RELEASE} -n {}: {}",
+        j.release_ns,
+        sets.join(" ")
+    ));
+    let deployments: Api<Deployment> = Api::namespaced(j.client(), &j.release_ns);
+    wait_for(
+        &format!("Deployment {RELEASE}-operator ready"),
+        Duration::from_secs(120),
+        || async {
+            let d = deployments.get(&format!("{RELEASE}-operator")).await?;
+            Ok(d.status.and_then(|s| s.ready_replicas).unwrap_or(0) >= 1)
+        },
+    )
+    .await?;
+    say("operator Deployment ready");
+    j.wait_plugin_ready("install").await?;
+    let driver = Api::<CSIDriver>::all(j.client()).get(DRIVER).await?;
+    ensure!(
+        driver.spec.pod_info_on_mount == Some(true),
+        "the chart's CSIDriver has no podInfoOnMount"
+    );
+    say(format!(
+        "node DaemonSet ready, {DRIVER} registered on {} (CSINode), CSIDriver installed by the \
+         chart",
+        j.node
+    ));
+    Ok(())
+}
+
+/// Steps 2 to 5. Returns v1 and v2.
+async fn sync_and_tags(j: &Journey) -> Result<(Digest, Digest)> {
+    step(2, "a SealedVolume synced from a bucket by a Job");
+    let source = j.moto.bucket(SOURCE_BUCKET, SOURCE_PREFIX)?;
+    let v1_files = model_v1();
+    upload_tree(source.as_ref(), &v1_files).await?;
+    let v1 = push_digest(&v1_files).await?;
+    say(format!(
+        "{} files ({} bytes) in s3://{SOURCE_BUCKET}/{SOURCE_PREFIX}; `sealed push` of the same \
+         tree into a memory store gives {v1}",
+        v1_files.len(),
+        v1_files.values().map(Vec::len).sum::<usize>()
+    ));
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "source-keys" },
+        "stringData": { "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test" },
+    }))?;
+    Api::<Secret>::namespaced(j.client(), &j.ns)
+        .create(&PostParams::default(), &secret)
+        .await?;
+    let volume: SealedVolume = serde_json::from_value(serde_json::json!({
+        "apiVersion": sealed_crds::API_VERSION,
+        "kind": "SealedVolume",
+        "metadata": { "name": VOLUME },
+        "spec": {
+            "source": { "objectStore": {
+                "url": format!("s3://{SOURCE_BUCKET}/{SOURCE_PREFIX}"),
+                "endpoint": j.moto.pod_endpoint(),
+                "region": REGION,
+                "credentialsSecretRef": { "name": "source-keys" },
+            } },
+        },
+    }))?;
+    j.volumes()
+        .create(&PostParams::default(), &volume)
+        .await
+        .context("creating the SealedVolume")?;
+    let t = Instant::now();
+    let mut jobs = Vec::new();
+    let version = j
+        .wait_for_version(&v1, Duration::from_secs(180), &mut jobs)
+        .await?;
+    ensure!(
+        !jobs.is_empty(),
+        "the version appeared but no sync Job was seen in {}",
+        j.release_ns
+    );
+    let files = version.status.as_ref().map(|s| s.files);
+    ensure!(
+        files == Some(Some(v1_files.len() as i64)),
+        "version {} says {files:?} files, want {}",
+        version.name_any(),
+        v1_files.len()
+    );
+    say(format!(
+        "SealedVolumeVersion {} Ready after {:.0} s, digest {v1} = the independent push's; \
+         synced by Job {}",
+        version.name_any(),
+        t.elapsed().as_secs_f64(),
+        jobs.join(", ")
+    ));
+
+    step(
+        3,
+        "a pod reads every file by digest, BLAKE3 = the manifest's",
+    );
+    let want_v1 = expected_sums(&j.store, &v1).await?;
+    ensure!(
+        want_v1.len() == v1_files.len(),
+        "manifest lists {} files",
+        want_v1.len()
+    );
+    for (line, (path, bytes)) in want_v1.iter().zip(&v1_files) {
+        let local = format!("{}  {path}", blake3::hash(bytes).to_hex());
+        ensure!(
+            *line == local,
+            "manifest entry {line} differs from the local file's {local}"
+        );
+    }
+    let sums = j.read_once("read-v1", by_digest(&v1)).await?;
+    ensure!(
+        sums == want_v1,
+        "pod read-v1 sums:\n{}\nmanifest:\n{}",
+        sums.join("\n"),
+        want_v1.join("\n")
+    );
+    say(format!(
+        "pod read-v1: {} files, every BLAKE3 equals the manifest's (and the local files')",
+        sums.len()
+    ));
+
+    step(4, "tags move; pinned pods keep their bytes");
+    j.set_tag("prod", &v1).await?;
+    let sums = j.start_reader("by-tag-a", by_tag("prod"), true).await?;
+    ensure!(sums == want_v1, "by-tag-a (prod = v1) read other bytes");
+    let sums = j.start_reader("pinned-b", by_digest(&v1), true).await?;
+    ensure!(sums == want_v1, "pinned-b (v1) read other bytes");
+    say("by-tag-a (volume tiny, tag prod) and pinned-b (digest v1) read v1");
+    let v2_files = model_v2();
+    upload_tree(source.as_ref(), &v2_files).await?;
+    let v2 = push_digest(&v2_files).await?;
+    ensure!(v2 != v1, "v2 has v1's digest");
+    let patch = serde_json::json!({
+        "metadata": { "annotations": { sealed_crds::RESYNC_ANNOTATION: "v2" } }
+    });
+    j.volumes()
+        .patch(VOLUME, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    say(format!(
+        "config.json changed in the source bucket, annotation {}=v2 set; push says v2 = {v2}",
+        sealed_crds::RESYNC_ANNOTATION
+    ));
+    let t = Instant::now();
+    let before = jobs.len();
+    let version = j
+        .wait_for_version(&v2, Duration::from_secs(180), &mut jobs)
+        .await?;
+    ensure!(jobs.len() > before, "v2 appeared without a new sync Job");
+    say(format!(
+        "SealedVolumeVersion {} (v2) Ready after {:.0} s",
+        version.name_any(),
+        t.elapsed().as_secs_f64()
+    ));
+    let want_v2 = expected_sums(&j.store, &v2).await?;
+    j.set_tag("prod", &v2).await?;
+    let sums = j.read_once("by-tag-c", by_tag("prod")).await?;
+    ensure!(
+        sums == want_v2,
+        "by-tag-c (prod = v2) read:\n{}\nwant v2:\n{}",
+        sums.join("\n"),
+        want_v2.join("\n")
+    );
+    say("new pod by-tag-c (tag prod) reads v2's bytes");
+    for pod in ["pinned-b", "by-tag-a"] {
+        let read = j.next_read(pod).await?;
+        ensure!(
+            read.ends_with(&format!(" ok {}", sums_total(&want_v1))),
+            "{pod} should still read v1 after prod moved to v2, but read: {read}"
+        );
+    }
+    say("pinned-b still reads v1; by-tag-a (its tag was resolved when it started) still reads v1");
+
+    step(5, "roll back");
+    j.set_tag("prod", &v1).await?;
+    let sums = j.read_once("rollback-tag", by_tag("prod")).await?;
+    ensure!(
+        sums == want_v1,
+        "rollback-tag (prod = v1 again) read other bytes"
+    );
+    let sums = j.read_once("rollback-digest", by_digest(&v1)).await?;
+    ensure!(sums == want_v1, "rollback-digest (v1) read other bytes");
+    say("prod back to v1: a new pod by tag reads v1; a pod by v1's digest reads v1");
+    j.set_tag("prod", &v2).await?;
+    for pod in ["pinned-b", "by-tag-a"] {
+        j.delete_pod(pod).await?;
+    }
+    Ok((v1, v2))
+}
+
+/// Step 6.
+async fn delete_and_restore(j: &Journey, v1: &Digest) -> Result<()> {
+    step(
+        6,
+        "delete v1 (to the trash), refused, restore, mounted again",
+    );
+    let name = SealedVolumeVersionSpec::object_name(VOLUME, &v1.to_string());
+    j.versions()
+        .delete(&name, &DeleteParams::default())
+        .await
+        .with_context(|| format!("deleting SealedVolumeVersion {name}"))?;
+    let versions = j.versions();
+    wait_for(
+        &format!("SealedVolumeVersion {name} to go (the operator's finalizer)"),
+        Duration::from_secs(60),
+        || async { Ok(versions.get_opt(&name).await?.is_none()) },
+    )
+    .await?;
+    let record = sealed_store::trash::read_record(&j.store, v1)
+        .await?
+        .with_context(|| format!("no trash record of {v1} in the store"))?;
+    ensure!(
+        !j.store.has_manifest(v1).await?,
+        "{v1} is still a live manifest after its version was deleted"
+    );
+    say(format!(
+        "{name} deleted: its manifest is in the store's trash (deleted at {}, restorable until {})",
+        record.deleted_at, record.restorable_until
+    ));
+
+    j.pods()
+        .create(
+            &PostParams::default(),
+            &reader_pod("refused", &j.node, by_digest(v1), false)?,
+        )
+        .await?;
+    let refusal = std::sync::Mutex::new(String::new());
+    wait_for(
+        "a FailedMount event on pod refused",
+        Duration::from_secs(90),
+        || async {
+            for e in j.events_of("refused").await {
+                if e.contains("FailedMount")
+                    && (e.contains("PermissionDenied") || e.contains("NotFound"))
+                {
+                    *refusal.lock().unwrap() = e;
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        },
+    )
+    .await?;
+    let phase = j.pods().get("refused").await?.status.and_then(|s| s.phase);
+    ensure!(
+        phase.as_deref() == Some("Pending"),
+        "pod refused is {phase:?}"
+    );
+    let refusal = refusal.into_inner().unwrap();
+    say(format!("a new pod by v1's digest is refused: {refusal}"));
+    j.delete_pod("refused").await?;
+
+    let report = sealed_store::trash::restore_version(&j.store, v1).await?;
+    ensure!(report.restored, "restore_version did not restore {v1}");
+    say(format!(
+        "{v1} restored from the trash (what `sealed restore` does)"
+    ));
+    let t = Instant::now();
+    let version = j
+        .wait_for_version(v1, Duration::from_secs(90), &mut Vec::new())
+        .await?;
+    say(format!(
+        "the operator re-imported it as SealedVolumeVersion {} ({:.0} s)",
+        version.name_any(),
+        t.elapsed().as_secs_f64()
+    ));
+    let want = expected_sums(&j.store, v1).await?;
+    let sums = j.read_once("restored", by_digest(v1)).await?;
+    ensure!(sums == want, "pod restored read other bytes than v1's");
+    say("a new pod by v1's digest starts and reads v1's bytes");
+    Ok(())
+}
+
+/// Step 7.
+async fn gpu_exclusion(j: &Journey) -> Result<()> {
+    step(7, "GPU exclusion: an L4 node gets no node plugin");
+    let client = j.client();
+    set_gpu_label(&client, &j.node, Some("NVIDIA-L4")).await?;
+    say(format!("node {} labelled {GPU_LABEL}=NVIDIA-L4", j.node));
+    let ds_name = format!("{RELEASE}-node");
+    wait_for(
+        "the DaemonSet to schedule nothing",
+        Duration::from_secs(60),
+        || async {
+            let ds = j.daemonsets().get(&ds_name).await?;
+            Ok(ds.status.is_some_and(|s| s.desired_number_scheduled == 0))
+        },
+    )
+    .await?;
+    wait_for(
+        "the node plugin pod to go",
+        Duration::from_secs(90),
+        || async { Ok(j.plugin_pods().await?.is_empty()) },
+    )
+    .await?;
+    say("desiredNumberScheduled 0, the plugin pod is gone");
+    set_gpu_label(&client, &j.node, None).await?;
+    j.wait_plugin_ready("label removed").await?;
+    say("label removed: the plugin pod is back, ready and registered");
+    Ok(())
+}
+
+/// Step 8.
+async fn upgrade(j: &Journey, v2: &Digest) -> Result<()> {
+    step(8, "upgrade the node plugin while a pod reads");
+    let want = expected_sums(&j.store, v2).await?;
+    let total = sums_total(&want);
+    let sums = j.start_reader("reading", by_digest(v2), true).await?;
+    ensure!(sums == want, "pod reading read other bytes than v2's");
+    let first = j.next_read("reading").await?;
+    say(format!("pod reading reads v2 once a second: {first}"));
+    let old: Vec<String> = j
+        .plugin_pods()
+        .await?
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    let reads_before = j.reads_of("reading").await.len();
+    j.tools.helm(&[
+        "upgrade",
+        RELEASE,
+        "charts/sealed-volumes",
+        "-n",
+        &j.release_ns,
+        "--reuse-values",
+        "--set-string",
+        "node.podAnnotations.journey-rollout=2",
+    ])?;
+    say(format!(
+        "helm upgrade (a new node pod annotation) rolls plugin pod(s) {old:?}"
+    ));
+    let t = Instant::now();
+    wait_for("a new plugin pod", Duration::from_secs(120), || async {
+        let pods = j.plugin_pods().await?;
+        Ok(!pods.is_empty() && pods.iter().all(|p| !old.contains(&p.name_any())))
+    })
+    .await?;
+    j.wait_plugin_ready("upgrade").await?;
+    say(format!(
+        "the new plugin pod is ready and registered {:.0} s after the upgrade",
+        t.elapsed().as_secs_f64()
+    ));
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let reads = j.reads_of("reading").await;
+    let after = &reads[reads_before.min(reads.len())..];
+    let ok = after
+        .iter()
+        .filter(|l| l.ends_with(&format!(" ok {total}")))
+        .count();
+    let failed: Vec<&String> = after.iter().filter(|l| l.contains(" failed")).collect();
+    say(format!(
+        "pod reading during and after the upgrade: {ok} reads ok, {} failed, {} other; last: {:?}",
+        failed.len(),
+        after.len() - ok - failed.len(),
+        after.last()
+    ));
+    let last_ok = after
+        .last()
+        .is_some_and(|l| l.ends_with(&format!(" ok {total}")));
+    if failed.is_empty() && last_ok {
+        say("the running pod kept reading correct bytes through the plugin upgrade");
+    } else {
+        say(format!(
+            "KNOWN GAP: reads of a running pod break when the node plugin restarts (restart \
+             safety, FUSE fd handover, is not built: docs/csi.md); first failure: {:?}; the pod \
+             must be recreated",
+            failed.first()
+        ));
+    }
+    let sums = j.read_once("after-upgrade", by_digest(v2)).await?;
+    ensure!(sums == want, "pod after-upgrade read other bytes than v2's");
+    say("a new pod after the upgrade reads v2's bytes");
+    j.delete_pod("reading").await?;
+    say("pod reading deleted (unpublished by the new plugin)");
+    Ok(())
+}
+
+/// What a failure needs for diagnosis: the operator's and plugin's logs, the volume.
+async fn dump_state(j: &Journey) {
+    let pods = Api::<Pod>::namespaced(j.client(), &j.release_ns);
+    if let Ok(list) = pods.list(&ListParams::default()).await {
+        for p in list.items {
+            let name = p.name_any();
+            let container = p
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers.first())
+                .map(|c| c.name.clone());
+            let log = pods
+                .logs(
+                    &name,
+                    &LogParams {
+                        container,
+                        tail_lines: Some(40),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .unwrap_or_default();
+            say(format!(
+                "--- {}/{name} ({:?}), last lines:\n{log}",
+                j.release_ns,
+                p.status.and_then(|s| s.phase)
+            ));
+        }
+    }
+    if let Ok(Some(v)) = j.volumes().get_opt(VOLUME).await {
+        say(format!("--- SealedVolume {VOLUME} status: {:#?}", v.status));
+    }
+}
+
+/// Everything the journey made goes, in the order that lets each part clean up after
+/// itself: pods (unpublished by the plugin), versions (trashed by the operator), then the
+/// release, the node label, the CSIDriver and the namespaces.
+async fn cleanup(j: &Journey) {
+    say("===== cleanup");
+    let client = j.client();
+    let pods = j.pods();
+    if let Ok(list) = pods.list(&ListParams::default()).await {
+        for p in list.items {
+            let _ = pods.delete(&p.name_any(), &DeleteParams::default()).await;
+        }
+    }
+    if wait_for("the pods to go", Duration::from_secs(90), || async {
+        Ok(pods.list(&ListParams::default()).await?.items.is_empty())
+    })
+    .await
+    .is_err()
+    {
+        say("cleanup: pods still there after 90 s");
+    }
+    let _ = j.volumes().delete(VOLUME, &DeleteParams::default()).await;
+    let versions = j.versions();
+    if wait_for("the versions to go", Duration::from_secs(60), || async {
+        Ok(versions
+            .list(&ListParams::default())
+            .await?
+            .items
+            .is_empty())
+    })
+    .await
+    .is_err()
+    {
+        say("cleanup: versions still there after 60 s; removing their finalizers");
+        strip_version_finalizers(&client, &j.ns).await;
+    }
+    if let Err(e) = set_gpu_label(&client, &j.node, None).await {
+        say(format!("cleanup: {e:#}"));
+    }
+    if let Err(e) = j
+        .tools
+        .helm(&["uninstall", RELEASE, "-n", &j.release_ns, "--wait"])
+    {
+        say(format!("cleanup: {e:#}"));
+    }
+    if wait_for(
+        "the driver to be deregistered",
+        Duration::from_secs(60),
+        || async { Ok(!csinode_has_driver(&client, &j.node).await?) },
+    )
+    .await
+    .is_err()
+    {
+        say(format!(
+            "cleanup: {DRIVER} is still registered on {}",
+            j.node
+        ));
+    }
+    let drivers = Api::<CSIDriver>::all(client.clone());
+    if let Ok(Some(_)) = drivers.get_opt(DRIVER).await {
+        let _ = drivers.delete(DRIVER, &DeleteParams::default()).await;
+    }
+    for ns in [&j.ns, &j.release_ns] {
+        if let Err(e) = j.cluster.delete_namespace(ns).await {
+            say(format!("cleanup: {e:#}"));
+        }
+    }
+    say("cleanup done (moto stops when the test ends)");
+}
