@@ -55,6 +55,11 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    // `sealed ls | head` should end quietly, as coreutils do, not panic in println!.
+    // SAFETY: called first, before any thread exists; SIG_DFL is a valid disposition.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     context::init_logging(cli.global.verbose);
     let runtime = match tokio::runtime::Runtime::new() {

@@ -293,3 +293,32 @@ fn pull_refuses_a_non_empty_destination() {
     let (ok, _, err) = env.run(&["pull", digest.trim(), src.to_str().unwrap()]);
     assert!(!ok && err.contains("not empty"), "{err}");
 }
+
+/// A reader that stops early (`sealed ... | head`) ends the command quietly, without a panic.
+#[test]
+fn closed_stdout_is_not_a_panic() {
+    let store = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", store.path().display());
+    let src = tempfile::tempdir().unwrap();
+    for i in 0..50 {
+        std::fs::write(src.path().join(format!("f{i}")), format!("{i}")).unwrap();
+    }
+    let bin = assert_cmd::cargo::cargo_bin("sealed");
+    let digest = std::process::Command::new(&bin)
+        .args(["--store", &url, "--no-progress", "push"])
+        .arg(src.path())
+        .output()
+        .unwrap();
+    assert!(digest.status.success());
+    let digest = String::from_utf8(digest.stdout).unwrap();
+    let mut child = std::process::Command::new(&bin)
+        .args(["--store", &url, "-o", "json", "inspect", digest.trim()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // the reader goes away before the output is written
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
