@@ -630,28 +630,15 @@ impl Journey {
         Ok(())
     }
 
-    /// Waits until a Ready SealedVolumeVersion with `digest` exists; notes sync Jobs seen.
+    /// Waits until a Ready SealedVolumeVersion with `digest` exists.
     async fn wait_for_version(
         &self,
         digest: &Digest,
         timeout: Duration,
-        jobs_seen: &mut Vec<String>,
     ) -> Result<SealedVolumeVersion> {
-        let jobs: Api<Job> = Api::namespaced(self.client(), &self.release_ns);
         let want = digest.to_string();
         let deadline = Instant::now() + timeout;
         loop {
-            for job in jobs
-                .list(&ListParams::default().labels("app.kubernetes.io/managed-by=sealed-operator"))
-                .await?
-                .items
-            {
-                let name = job.name_any();
-                if !jobs_seen.contains(&name) {
-                    say(format!("sync Job {}/{name} appeared", self.release_ns));
-                    jobs_seen.push(name);
-                }
-            }
             let versions = self.versions().list(&ListParams::default()).await?.items;
             if let Some(v) = versions.iter().find(|v| v.spec.digest == want) {
                 let ready = v
@@ -678,6 +665,62 @@ impl Journey {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+    }
+
+    /// The sync Jobs of the operator in the release namespace.
+    async fn sync_jobs(&self) -> Result<Vec<Job>> {
+        Ok(Api::<Job>::namespaced(self.client(), &self.release_ns)
+            .list(&ListParams::default().labels("app.kubernetes.io/managed-by=sealed-operator"))
+            .await?
+            .items)
+    }
+
+    /// Waits until the volume's sync for `trigger` (`generation=N,resync=VALUE`) finished
+    /// with `digest`, and checks it ran as a Job that succeeded. Returns the Job's name.
+    async fn wait_for_sync(&self, trigger: &str, digest: &Digest) -> Result<String> {
+        let want = digest.to_string();
+        let last = std::sync::Mutex::new(None);
+        let waited = wait_for(
+            &format!("the sync for {trigger} to finish"),
+            Duration::from_secs(180),
+            || async {
+                let sync = self
+                    .volumes()
+                    .get(VOLUME)
+                    .await?
+                    .status
+                    .and_then(|s| s.sync);
+                let done = sync.as_ref().is_some_and(|s| {
+                    s.trigger.as_deref() == Some(trigger) && s.finished_at.is_some()
+                });
+                *last.lock().unwrap() = sync;
+                Ok(done)
+            },
+        )
+        .await;
+        if let Err(e) = waited {
+            bail!("{e:#}; last sync status: {:#?}", last.lock().unwrap());
+        }
+        let sync = last.into_inner().unwrap().context("no sync status")?;
+        ensure!(
+            sync.digest.as_deref() == Some(want.as_str()),
+            "the sync for {trigger} sealed {:?}, want {want} (progress: {:?})",
+            sync.digest,
+            sync.progress
+        );
+        let job = sync
+            .job
+            .context("the sync status names no Job (operator.syncExecutor=job)")?;
+        let status = Api::<Job>::namespaced(self.client(), &self.release_ns)
+            .get(&job)
+            .await
+            .with_context(|| format!("the sync's Job {job}"))?
+            .status;
+        ensure!(
+            status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) >= 1,
+            "Job {job} did not succeed: {status:?}"
+        );
+        Ok(job)
     }
 
     /// The node plugin's pods (by the DaemonSet's selector labels).
@@ -856,7 +899,7 @@ async fn steps(j: &Journey, operator_bin: &Path, csi_bin: &Path) -> Result<()> {
     let (v1, v2) = sync_and_tags(j).await?;
     delete_and_restore(j, &v1).await?;
     gpu_exclusion(j).await?;
-    upgrade(j, &v2).await?;
+    upgrade(j, &v1, &v2).await?;
     Ok(())
 }
 
@@ -978,20 +1021,18 @@ async fn sync_and_tags(j: &Journey) -> Result<(Digest, Digest)> {
             } },
         },
     }))?;
-    j.volumes()
+    let created = j
+        .volumes()
         .create(&PostParams::default(), &volume)
         .await
         .context("creating the SealedVolume")?;
     let t = Instant::now();
-    let mut jobs = Vec::new();
-    let version = j
-        .wait_for_version(&v1, Duration::from_secs(180), &mut jobs)
-        .await?;
-    ensure!(
-        !jobs.is_empty(),
-        "the version appeared but no sync Job was seen in {}",
-        j.release_ns
+    let trigger = format!(
+        "generation={},resync=",
+        created.metadata.generation.unwrap_or(0)
     );
+    let job = j.wait_for_sync(&trigger, &v1).await?;
+    let version = j.wait_for_version(&v1, Duration::from_secs(60)).await?;
     let files = version.status.as_ref().map(|s| s.files);
     ensure!(
         files == Some(Some(v1_files.len() as i64)),
@@ -1001,10 +1042,10 @@ async fn sync_and_tags(j: &Journey) -> Result<(Digest, Digest)> {
     );
     say(format!(
         "SealedVolumeVersion {} Ready after {:.0} s, digest {v1} = the independent push's; \
-         synced by Job {}",
+         synced by Job {}/{job} (succeeded)",
         version.name_any(),
         t.elapsed().as_secs_f64(),
-        jobs.join(", ")
+        j.release_ns
     ));
 
     step(
@@ -1050,7 +1091,8 @@ async fn sync_and_tags(j: &Journey) -> Result<(Digest, Digest)> {
     let patch = serde_json::json!({
         "metadata": { "annotations": { sealed_crds::RESYNC_ANNOTATION: "v2" } }
     });
-    j.volumes()
+    let patched = j
+        .volumes()
         .patch(VOLUME, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     say(format!(
@@ -1058,13 +1100,14 @@ async fn sync_and_tags(j: &Journey) -> Result<(Digest, Digest)> {
         sealed_crds::RESYNC_ANNOTATION
     ));
     let t = Instant::now();
-    let before = jobs.len();
-    let version = j
-        .wait_for_version(&v2, Duration::from_secs(180), &mut jobs)
-        .await?;
-    ensure!(jobs.len() > before, "v2 appeared without a new sync Job");
+    let trigger = format!(
+        "generation={},resync=v2",
+        patched.metadata.generation.unwrap_or(0)
+    );
+    let job = j.wait_for_sync(&trigger, &v2).await?;
+    let version = j.wait_for_version(&v2, Duration::from_secs(60)).await?;
     say(format!(
-        "SealedVolumeVersion {} (v2) Ready after {:.0} s",
+        "the resync ran as Job {job} and sealed v2: SealedVolumeVersion {} Ready after {:.0} s",
         version.name_any(),
         t.elapsed().as_secs_f64()
     ));
@@ -1098,6 +1141,16 @@ async fn sync_and_tags(j: &Journey) -> Result<(Digest, Digest)> {
     ensure!(sums == want_v1, "rollback-digest (v1) read other bytes");
     say("prod back to v1: a new pod by tag reads v1; a pod by v1's digest reads v1");
     j.set_tag("prod", &v2).await?;
+    // Each tag move above changed metadata.generation, and the operator's sync trigger is
+    // `generation=N,resync=…`: say how many syncs ran (2 were asked for).
+    let jobs = j.sync_jobs().await?;
+    if jobs.len() > 2 {
+        say(format!(
+            "OBSERVED: {} sync Jobs for 2 source changes: every tag move (a spec change) started \
+             a new sync of the source (operator/src/volume.rs trigger())",
+            jobs.len()
+        ));
+    }
     for pod in ["pinned-b", "by-tag-a"] {
         j.delete_pod(pod).await?;
     }
@@ -1172,9 +1225,7 @@ async fn delete_and_restore(j: &Journey, v1: &Digest) -> Result<()> {
         "{v1} restored from the trash (what `sealed restore` does)"
     ));
     let t = Instant::now();
-    let version = j
-        .wait_for_version(v1, Duration::from_secs(90), &mut Vec::new())
-        .await?;
+    let version = j.wait_for_version(v1, Duration::from_secs(90)).await?;
     say(format!(
         "the operator re-imported it as SealedVolumeVersion {} ({:.0} s)",
         version.name_any(),
@@ -1217,12 +1268,22 @@ async fn gpu_exclusion(j: &Journey) -> Result<()> {
 }
 
 /// Step 8.
-async fn upgrade(j: &Journey, v2: &Digest) -> Result<()> {
+async fn upgrade(j: &Journey, v1: &Digest, v2: &Digest) -> Result<()> {
     step(8, "upgrade the node plugin while a pod reads");
     let want = expected_sums(&j.store, v2).await?;
     let total = sums_total(&want);
     let sums = j.start_reader("reading", by_digest(v2), true).await?;
     ensure!(sums == want, "pod reading read other bytes than v2's");
+    let mounted = mounts_of(&[v2]);
+    ensure!(
+        mounted.len() >= 2,
+        "pod reading runs, but /proc/self/mountinfo shows {mounted:?} for v2 (want its FUSE \
+         mount and the pod's bind)"
+    );
+    say(format!(
+        "v2 is mounted on the node: {} (FUSE mount + bind)",
+        mounted.join(", ")
+    ));
     let first = j.next_read("reading").await?;
     say(format!("pod reading reads v2 once a second: {first}"));
     let old: Vec<String> = j
@@ -1287,8 +1348,41 @@ async fn upgrade(j: &Journey, v2: &Digest) -> Result<()> {
     ensure!(sums == want, "pod after-upgrade read other bytes than v2's");
     say("a new pod after the upgrade reads v2's bytes");
     j.delete_pod("reading").await?;
-    say("pod reading deleted (unpublished by the new plugin)");
+    let mut left = Vec::new();
+    let gone = wait_for(
+        "no mount of v1 or v2 left on the node",
+        Duration::from_secs(30),
+        || {
+            left = mounts_of(&[v1, v2]);
+            std::future::ready(Ok(left.is_empty()))
+        },
+    )
+    .await;
+    if gone.is_err() {
+        bail!(
+            "after every pod went, these mounts are left:\n{}",
+            left.join("\n")
+        );
+    }
+    say(
+        "pod reading deleted (unpublished by the new plugin); no FUSE mount or bind of v1 or v2 \
+         is left on the node (the old plugin's dead FUSE mount was cleaned up)",
+    );
     Ok(())
+}
+
+/// Mount points (FUSE mounts in the plugin's state dir, binds in kubelet's pod dirs) of
+/// these versions, per /proc/self/mountinfo (the FUSE filesystem is named `sealed-<hex>`).
+fn mounts_of(digests: &[&Digest]) -> Vec<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let names: Vec<String> = digests
+        .iter()
+        .map(|d| format!("sealed-{}", d.hex()))
+        .collect();
+    info.lines()
+        .filter(|l| names.iter().any(|n| l.contains(n.as_str())))
+        .map(|l| l.split(' ').nth(4).unwrap_or_default().to_string())
+        .collect()
 }
 
 /// What a failure needs for diagnosis: the operator's and plugin's logs, the volume.
