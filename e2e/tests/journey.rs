@@ -60,8 +60,8 @@ const RELEASE: &str = "journey";
 const DRIVER: &str = "csi.sealedvolumes.io";
 const GPU_LABEL: &str = "nvidia.com/gpu.product";
 const READER_IMAGE: &str = "sealed.local/tree-b3:journey";
-/// Namespaces this suite creates carry this label, so a later run can clean up after a
-/// run that was killed.
+/// Namespaces this suite creates carry this label (`journey` for pods and volumes,
+/// `journey-release` for the chart), so a later run can clean up after a run that was killed.
 const NS_LABEL: &str = "sealedvolumes.io/e2e";
 const STORE_BUCKET: &str = "journey-store";
 const STORE_PREFIX: &str = "sealed";
@@ -388,9 +388,9 @@ where
     }
 }
 
-async fn labelled_namespace(client: &Client, prefix: &str) -> Result<String> {
+async fn labelled_namespace(client: &Client, prefix: &str, role: &str) -> Result<String> {
     let ns: Namespace = serde_json::from_value(serde_json::json!({
-        "metadata": { "generateName": format!("{prefix}-"), "labels": { NS_LABEL: "journey" } }
+        "metadata": { "generateName": format!("{prefix}-"), "labels": { NS_LABEL: role } }
     }))?;
     Api::<Namespace>::all(client.clone())
         .create(&PostParams::default(), &ns)
@@ -793,8 +793,9 @@ async fn journey() -> Result<()> {
         moto.pod_endpoint()
     ));
     let store = moto.store()?;
-    let release_ns = labelled_namespace(&client, "sealed-journey-system").await?;
-    let ns = labelled_namespace(&client, "sealed-journey").await?;
+    let release_ns =
+        labelled_namespace(&client, "sealed-journey-system", "journey-release").await?;
+    let ns = labelled_namespace(&client, "sealed-journey", "journey").await?;
     say(format!(
         "release namespace {release_ns}, volume namespace {ns}, node {node}"
     ));
@@ -840,9 +841,25 @@ async fn clean_stale_runs(client: &Client, tools: &Tools, node: &str) -> Result<
         set_gpu_label(client, node, None).await?;
     }
     let stale = Api::<Namespace>::all(client.clone())
-        .list(&ListParams::default().labels(&format!("{NS_LABEL}=journey")))
+        .list(&ListParams::default().labels(&format!("{NS_LABEL} in (journey, journey-release)")))
         .await?
         .items;
+    // Pods first, while that run's plugin can still unpublish their volumes.
+    for ns in stale
+        .iter()
+        .filter(|n| n.labels().get(NS_LABEL).map(String::as_str) == Some("journey"))
+    {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name_any());
+        let _ = pods
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await;
+        let _ = wait_for(
+            "pods of an earlier run to go",
+            Duration::from_secs(60),
+            || async { Ok(pods.list(&ListParams::default()).await?.items.is_empty()) },
+        )
+        .await;
+    }
     for ns in &stale {
         let name = ns.name_any();
         say(format!("removing namespace {name} of an earlier run"));
@@ -851,14 +868,6 @@ async fn clean_stale_runs(client: &Client, tools: &Tools, node: &str) -> Result<
         let _ = Api::<Namespace>::all(client.clone())
             .delete(&name, &DeleteParams::default())
             .await;
-    }
-    let drivers = Api::<CSIDriver>::all(client.clone());
-    if let Some(d) = drivers.get_opt(DRIVER).await? {
-        let managed = d.labels().get("app.kubernetes.io/managed-by").cloned();
-        say(format!(
-            "deleting a stale CSIDriver {DRIVER} (managed by {managed:?})"
-        ));
-        drivers.delete(DRIVER, &DeleteParams::default()).await?;
     }
     let registered = wait_for(
         "no plugin of another run or test registered on the node",
@@ -871,6 +880,16 @@ async fn clean_stale_runs(client: &Client, tools: &Tools, node: &str) -> Result<
             "{DRIVER} is registered on node {node} by something else (csi-driver/tests/pods.rs \
              running now, or another DaemonSet); not touching it"
         );
+    }
+    // Nothing serves the driver now: a CSIDriver left behind (by a killed run of this suite or
+    // of csi-driver/tests/pods.rs) would stop `helm install` ("cannot be imported").
+    let drivers = Api::<CSIDriver>::all(client.clone());
+    if let Some(d) = drivers.get_opt(DRIVER).await? {
+        let managed = d.labels().get("app.kubernetes.io/managed-by").cloned();
+        say(format!(
+            "deleting a stale CSIDriver {DRIVER} (managed by {managed:?})"
+        ));
+        drivers.delete(DRIVER, &DeleteParams::default()).await?;
     }
     Ok(())
 }
@@ -1120,7 +1139,20 @@ async fn sync_and_tags(j: &Journey) -> Result<(Digest, Digest)> {
         sums.join("\n"),
         want_v2.join("\n")
     );
-    say("new pod by-tag-c (tag prod) reads v2's bytes");
+    let mut resolved = String::new();
+    for e in j.events_of("by-tag-c").await {
+        if e.contains("TagResolved") {
+            resolved = e;
+        }
+    }
+    ensure!(
+        resolved.contains(&v2.to_string()),
+        "no TagResolved event naming v2 on pod by-tag-c: {:?}",
+        j.events_of("by-tag-c").await
+    );
+    say(format!(
+        "new pod by-tag-c (tag prod) reads v2's bytes; its event: {resolved}"
+    ));
     for pod in ["pinned-b", "by-tag-a"] {
         let read = j.next_read(pod).await?;
         ensure!(
@@ -1146,7 +1178,7 @@ async fn sync_and_tags(j: &Journey) -> Result<(Digest, Digest)> {
     let jobs = j.sync_jobs().await?;
     if jobs.len() > 2 {
         say(format!(
-            "OBSERVED: {} sync Jobs for 2 source changes: every tag move (a spec change) started \
+            "OBSERVED: {} sync Jobs so far for 2 source changes: every tag move (a spec change) started \
              a new sync of the source (operator/src/volume.rs trigger())",
             jobs.len()
         ));
@@ -1476,8 +1508,14 @@ async fn cleanup(j: &Journey) {
             j.node
         ));
     }
+    // helm uninstall removes the chart's CSIDriver; if it failed, remove it here (only ours).
     let drivers = Api::<CSIDriver>::all(client.clone());
-    if let Ok(Some(_)) = drivers.get_opt(DRIVER).await {
+    if let Ok(Some(d)) = drivers.get_opt(DRIVER).await
+        && d.labels()
+            .get("app.kubernetes.io/instance")
+            .map(String::as_str)
+            == Some(RELEASE)
+    {
         let _ = drivers.delete(DRIVER, &DeleteParams::default()).await;
     }
     for ns in [&j.ns, &j.release_ns] {
