@@ -860,11 +860,21 @@ async fn clean_stale_runs(client: &Client, tools: &Tools, node: &str) -> Result<
         )
         .await;
     }
+    // Then the releases (their operators would put the versions' finalizers back), then the
+    // finalizers no operator is left to remove, then the namespaces.
+    for ns in &stale {
+        let name = ns.name_any();
+        if tools.helm(&["status", RELEASE, "-n", &name]).is_ok() {
+            say(format!(
+                "uninstalling release {RELEASE} of an earlier run from {name}"
+            ));
+            let _ = tools.helm(&["uninstall", RELEASE, "-n", &name, "--wait"]);
+        }
+    }
     for ns in &stale {
         let name = ns.name_any();
         say(format!("removing namespace {name} of an earlier run"));
         strip_version_finalizers(client, &name).await;
-        let _ = tools.helm(&["uninstall", RELEASE, "-n", &name, "--wait"]);
         let _ = Api::<Namespace>::all(client.clone())
             .delete(&name, &DeleteParams::default())
             .await;
