@@ -418,6 +418,24 @@ pub struct SealedVolumeStatus {
     pub tags: BTreeMap<String, TagStatus>,
 }
 
+impl SealedVolume {
+    /// What asks for a sync: `source=<12 hex of spec.source>,resync=<annotation>`. The operator
+    /// syncs once per trigger (recorded in `status.sync.trigger`), so changing the source or
+    /// the `sealedvolumes.io/resync` annotation starts a sync, and moving a tag does not.
+    pub fn sync_trigger(&self) -> String {
+        let source = serde_json::to_vec(&self.spec.source).unwrap_or_default();
+        let hash = blake3::hash(&source).to_hex();
+        let resync = self
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::RESYNC_ANNOTATION))
+            .map(String::as_str)
+            .unwrap_or("");
+        format!("source={},resync={resync}", &hash.as_str()[..12])
+    }
+}
+
 impl SealedVolumeSpec {
     /// The digest a tag names, if the tag exists.
     pub fn tag(&self, name: &str) -> Option<&str> {
@@ -436,8 +454,8 @@ impl SealedVolumeStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SyncProgress {
-    /// What started this sync: the spec generation and the value of the
-    /// `sealedvolumes.io/resync` annotation, e.g. "generation=3,resync=2026-11-30T10:00:00Z".
+    /// What started this sync: a hash of spec.source and the value of the
+    /// `sealedvolumes.io/resync` annotation, e.g. "source=3f2a9c01d4e5,resync=2026-11-30T10:00:00Z".
     /// The operator starts a new sync when this differs from the current one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trigger: Option<String>,
@@ -494,6 +512,31 @@ pub struct TagStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sync_trigger_follows_source_and_resync_not_tags() {
+        let mut v = SealedVolume::new(
+            "v",
+            SealedVolumeSpec {
+                source: Source::from_uri("hf://org/name@main").unwrap(),
+                tags: BTreeMap::new(),
+                retention: Retention::default(),
+                shared: false,
+            },
+        );
+        let first = v.sync_trigger();
+        v.spec.tags.insert("prod".into(), "blake3:00".into());
+        assert_eq!(v.sync_trigger(), first, "a tag move must not sync");
+        v.metadata.annotations = Some(BTreeMap::from([(
+            crate::RESYNC_ANNOTATION.to_string(),
+            "1".to_string(),
+        )]));
+        let resynced = v.sync_trigger();
+        assert_ne!(resynced, first);
+        assert!(resynced.ends_with(",resync=1"), "{resynced}");
+        v.spec.source = Source::from_uri("hf://org/name@v2").unwrap();
+        assert_ne!(v.sync_trigger(), resynced, "a new source must sync");
+    }
 
     #[test]
     fn source_uris_round_trip() {

@@ -12,9 +12,9 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 use sealed_crds::{
-    CONDITION_READY, CONDITION_SYNCED, Condition, RESYNC_ANNOTATION, SealedVolume,
-    SealedVolumeStatus, SealedVolumeVersion, SealedVolumeVersionSpec, SourceKind, SyncProgress,
-    TagStatus, VOLUME_LABEL, set_condition,
+    CONDITION_READY, CONDITION_SYNCED, Condition, SealedVolume, SealedVolumeStatus,
+    SealedVolumeVersion, SealedVolumeVersionSpec, SourceKind, SyncProgress, TagStatus,
+    VOLUME_LABEL, set_condition,
 };
 use sealed_store::Digest;
 use serde_json::json;
@@ -134,19 +134,6 @@ async fn reconcile_inner(volume: &SealedVolume, ctx: &Context) -> Result<Action>
     Ok(Action::requeue(requeue))
 }
 
-/// `generation=N,resync=VALUE`: a new value starts a new sync.
-pub fn trigger(volume: &SealedVolume) -> String {
-    let resync = volume
-        .annotations()
-        .get(RESYNC_ANNOTATION)
-        .map(String::as_str)
-        .unwrap_or("");
-    format!(
-        "generation={},resync={resync}",
-        volume.metadata.generation.unwrap_or(0)
-    )
-}
-
 /// Starts, follows and concludes the sync the volume's current trigger asks for. Returns
 /// how soon to look again while it runs.
 async fn drive_sync(
@@ -161,7 +148,7 @@ async fn drive_sync(
         namespace: namespace.clone(),
         name: name.clone(),
         source: volume.spec.source.clone(),
-        trigger: trigger(volume),
+        trigger: volume.sync_trigger(),
     };
     let reference = volume.object_ref(&());
     let current = status.sync.as_ref().and_then(|s| s.trigger.clone());
@@ -190,8 +177,14 @@ async fn drive_sync(
                 match Credentials::read(&ctx.client, &namespace, &volume.spec.source).await {
                     Ok(c) => c,
                     Err(failure) => {
-                        // Not recorded as this trigger's outcome: a Secret created later is
-                        // picked up by the next look, without a hot loop.
+                        // The sync waits for its credentials (not started, not finished): a
+                        // Secret created later is picked up by the next look, without a hot
+                        // loop, and `sealed sync` sees this trigger's reason.
+                        status.sync = Some(SyncProgress {
+                            trigger: Some(request.trigger.clone()),
+                            progress: Some(format!("waiting: {}", failure.reason)),
+                            ..Default::default()
+                        });
                         record_failure(status, &failure, generation);
                         ctx.event(
                             &reference,
@@ -211,7 +204,9 @@ async fn drive_sync(
                 }
                 Executor::Job(jobs) => Some(jobs.start(&request, &credentials).await?),
             };
-            let restarted = current.as_deref() == Some(request.trigger.as_str());
+            // The same trigger again: a sync lost to a restart (or waiting for its Secret).
+            let restarted = current.as_deref() == Some(request.trigger.as_str())
+                && status.sync.as_ref().is_some_and(|s| s.started_at.is_some());
             let started_at = if restarted {
                 status.sync.as_ref().and_then(|s| s.started_at.clone())
             } else {

@@ -506,6 +506,39 @@ async fn hugging_face_sync_seals_what_push_seals() {
         "{events:?}"
     );
 
+    // Moving a tag is not a source change: it resolves, and no sync starts.
+    let started = fx.metrics.syncs_started.get();
+    let trigger_before = fx
+        .volumes()
+        .get("llm")
+        .await
+        .expect("volume")
+        .status
+        .and_then(|s| s.sync)
+        .and_then(|s| s.trigger);
+    let patch = serde_json::json!({"spec": {"tags": {"prod": digest2.clone()}}});
+    fx.volumes()
+        .patch("llm", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("tag");
+    wait_for("prod resolved", || async {
+        let v = fx.volumes().get("llm").await.ok()?;
+        v.status.as_ref()?.tags.get("prod")?.version.clone()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let v = fx.volumes().get("llm").await.expect("volume");
+    assert_eq!(
+        v.status.and_then(|s| s.sync).and_then(|s| s.trigger),
+        trigger_before,
+        "a tag move started a sync"
+    );
+    assert_eq!(
+        fx.metrics.syncs_started.get(),
+        started,
+        "a tag move started a sync"
+    );
+
     // A repo that does not exist: Synced False with the reason, and `sealed sync` says so.
     let missing = sealed_sync(&fx, &hub.url, "hf://acme/nope", "nope").await;
     let stderr = String::from_utf8_lossy(&missing.stderr);

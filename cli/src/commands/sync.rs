@@ -148,10 +148,7 @@ pub async fn run(ctx: &Context, args: SyncArgs) -> anyhow::Result<ExitCode> {
                 .with_context(|| format!("cannot update SealedVolume {namespace}/{name}"))?
         }
     };
-    let trigger = format!(
-        "generation={},resync={stamp}",
-        volume.metadata.generation.unwrap_or(0)
-    );
+    let trigger = volume.sync_trigger();
     let mut result = SyncResult {
         volume: format!("{namespace}/{name}"),
         source: source.summary(),
@@ -219,19 +216,20 @@ pub async fn run(ctx: &Context, args: SyncArgs) -> anyhow::Result<ExitCode> {
                 source.summary()
             );
         }
-        // A failure before the sync could start (e.g. a missing Secret) is not tied to the
-        // trigger; report it rather than wait for the timeout.
+        // A failure before the sync could start (e.g. a missing Secret): the operator keeps
+        // retrying, but the user should hear of it now.
         if let Some(c) = status.condition(CONDITION_SYNCED)
             && c.status == "False"
             && c.reason != "Syncing"
-            && status.sync.as_ref().and_then(|s| s.trigger.as_deref()) != Some(trigger.as_str())
-            && v.status.as_ref().and_then(|s| s.observed_generation) == volume.metadata.generation
+            && status.sync.as_ref().is_some_and(|s| {
+                s.trigger.as_deref() == Some(trigger.as_str()) && s.started_at.is_none()
+            })
         {
             if let Some(bar) = &bar {
                 bar.finish_and_clear();
             }
             bail!(
-                "cannot sync {} into {namespace}/{name}: {}: {}",
+                "cannot sync {} into {namespace}/{name}: {}: {} (the operator retries every 30 s)",
                 source.summary(),
                 c.reason,
                 c.message
