@@ -675,13 +675,16 @@ impl Journey {
             .items)
     }
 
-    /// Waits until the volume's sync for `trigger` (`generation=N,resync=VALUE`) finished
-    /// with `digest`, and checks it ran as a Job that succeeded. Returns the Job's name.
-    async fn wait_for_sync(&self, trigger: &str, digest: &Digest) -> Result<String> {
+    /// Waits until the volume's sync asked for by the resync annotation value `resync`
+    /// finished with `digest`, and checks it ran as a Job that succeeded. Returns the Job's
+    /// name. The sync's trigger (`status.sync.trigger`) ends in `,resync=VALUE`; what comes
+    /// before (`generation=N` or a hash of the source) is the operator's business.
+    async fn wait_for_sync(&self, resync: &str, digest: &Digest) -> Result<String> {
+        let suffix = format!(",resync={resync}");
         let want = digest.to_string();
         let last = std::sync::Mutex::new(None);
         let waited = wait_for(
-            &format!("the sync for {trigger} to finish"),
+            &format!("the sync for resync={resync:?} to finish"),
             Duration::from_secs(180),
             || async {
                 let sync = self
@@ -691,7 +694,8 @@ impl Journey {
                     .status
                     .and_then(|s| s.sync);
                 let done = sync.as_ref().is_some_and(|s| {
-                    s.trigger.as_deref() == Some(trigger) && s.finished_at.is_some()
+                    s.trigger.as_deref().is_some_and(|t| t.ends_with(&suffix))
+                        && s.finished_at.is_some()
                 });
                 *last.lock().unwrap() = sync;
                 Ok(done)
@@ -704,7 +708,7 @@ impl Journey {
         let sync = last.into_inner().unwrap().context("no sync status")?;
         ensure!(
             sync.digest.as_deref() == Some(want.as_str()),
-            "the sync for {trigger} sealed {:?}, want {want} (progress: {:?})",
+            "the sync for resync={resync:?} sealed {:?}, want {want} (progress: {:?})",
             sync.digest,
             sync.progress
         );
@@ -1050,17 +1054,12 @@ async fn sync_and_tags(j: &Journey) -> Result<(Digest, Digest)> {
             } },
         },
     }))?;
-    let created = j
-        .volumes()
+    j.volumes()
         .create(&PostParams::default(), &volume)
         .await
         .context("creating the SealedVolume")?;
     let t = Instant::now();
-    let trigger = format!(
-        "generation={},resync=",
-        created.metadata.generation.unwrap_or(0)
-    );
-    let job = j.wait_for_sync(&trigger, &v1).await?;
+    let job = j.wait_for_sync("", &v1).await?;
     let version = j.wait_for_version(&v1, Duration::from_secs(60)).await?;
     let files = version.status.as_ref().map(|s| s.files);
     ensure!(
@@ -1120,8 +1119,7 @@ async fn sync_and_tags(j: &Journey) -> Result<(Digest, Digest)> {
     let patch = serde_json::json!({
         "metadata": { "annotations": { sealed_crds::RESYNC_ANNOTATION: "v2" } }
     });
-    let patched = j
-        .volumes()
+    j.volumes()
         .patch(VOLUME, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     say(format!(
@@ -1129,11 +1127,7 @@ async fn sync_and_tags(j: &Journey) -> Result<(Digest, Digest)> {
         sealed_crds::RESYNC_ANNOTATION
     ));
     let t = Instant::now();
-    let trigger = format!(
-        "generation={},resync=v2",
-        patched.metadata.generation.unwrap_or(0)
-    );
-    let job = j.wait_for_sync(&trigger, &v2).await?;
+    let job = j.wait_for_sync("v2", &v2).await?;
     let version = j.wait_for_version(&v2, Duration::from_secs(60)).await?;
     say(format!(
         "the resync ran as Job {job} and sealed v2: SealedVolumeVersion {} Ready after {:.0} s",
@@ -1183,13 +1177,20 @@ async fn sync_and_tags(j: &Journey) -> Result<(Digest, Digest)> {
     ensure!(sums == want_v1, "rollback-digest (v1) read other bytes");
     say("prod back to v1: a new pod by tag reads v1; a pod by v1's digest reads v1");
     j.set_tag("prod", &v2).await?;
-    // Each tag move above changed metadata.generation, and the operator's sync trigger is
-    // `generation=N,resync=…`: say how many syncs ran (2 were asked for).
+    // Two syncs were asked for (the first, and the resync); tag moves should start none.
+    // An operator whose sync trigger is `generation=N,…` starts one per tag move (a spec
+    // change): say so rather than fail here (the operator's own tests own that rule).
     let jobs = j.sync_jobs().await?;
     if jobs.len() > 2 {
         say(format!(
-            "OBSERVED: {} sync Jobs so far for 2 source changes: every tag move (a spec change) started \
-             a new sync of the source (operator/src/volume.rs trigger())",
+            "OBSERVED: {} sync Jobs so far for 2 source changes: tag moves (spec changes) \
+             started syncs of the source (the operator's sync trigger follows \
+             metadata.generation)",
+            jobs.len()
+        ));
+    } else {
+        say(format!(
+            "{} sync Jobs for 2 source changes: the 4 tag moves started none",
             jobs.len()
         ));
     }
