@@ -4,8 +4,9 @@
 //! what it did and what it checked:
 //!
 //! 1. images built and imported (`hack/images.sh sealed`, plus the `tree-b3` reader), the
-//!    chart installed into a fresh namespace (store: a moto bucket, sync Jobs), operator
-//!    Deployment and node DaemonSet ready, the driver registered with kubelet;
+//!    current CRDs applied server-side (helm never upgrades CRDs), the chart installed into
+//!    a fresh namespace (store: a moto bucket, sync Jobs), operator Deployment and node
+//!    DaemonSet ready, the driver registered with kubelet;
 //! 2. a small model tree in a second bucket, a SealedVolume with an `objectStore` source: the
 //!    operator runs a sync Job and a Ready SealedVolumeVersion appears whose digest equals
 //!    `sealed_store::push` of the same local tree into a scratch memory store;
@@ -962,6 +963,11 @@ async fn install(j: &Journey, operator_bin: &Path, csi_bin: &Path) -> Result<()>
         t.elapsed().as_secs_f64()
     ));
 
+    // helm installs the chart's CRDs only when they are absent and never upgrades them
+    // (docs/helm.md): apply the current ones first, as an upgrade would, so a CRD left by an
+    // older build cannot prune fields the operator writes.
+    sealed_e2e::install_crds(&j.client(), "sealed-e2e-journey").await?;
+    say("CRDs applied (server-side) and served");
     let endpoint = j.moto.pod_endpoint();
     let sets = [
         format!("fullnameOverride={RELEASE}"),
