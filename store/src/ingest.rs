@@ -31,8 +31,8 @@ use crate::manifest::{
     ChunkRef, Entry, EntryKind, FileEntry, Manifest, validate_path, validate_symlink_target,
 };
 use crate::progress::{Phase, Progress};
-use crate::scan::check_symlink_loops;
 use crate::push::PushReport;
+use crate::scan::check_symlink_loops;
 use crate::store::{ChunkStore, validate_volume_name};
 
 /// How to ingest: the same knobs as a push.
