@@ -164,11 +164,29 @@ impl KubeAccess {
                 }
             )));
         };
-        Digest::parse(text).map_err(|e| {
+        let digest = Digest::parse(text).map_err(|e| {
             CsiError::FailedPrecondition(format!(
                 "tag '{tag}' of SealedVolume {namespace}/{volume} holds {text:?}: {e}"
             ))
-        })
+        })?;
+        // A tag may only name a version of its own volume: a digest copied from another
+        // volume (the volume's Ready condition says TagUnresolved) is not mounted.
+        let versions = Api::<SealedVolumeVersion>::namespaced(self.client.clone(), namespace)
+            .list(&ListParams::default().fields(&format!("spec.digest={digest}")))
+            .await
+            .map_err(|e| CsiError::kube(format!("listing SealedVolumeVersions of {digest}"), e))?;
+        let of_this_volume = versions
+            .items
+            .iter()
+            .any(|v| v.spec.volume == volume && v.metadata.deletion_timestamp.is_none());
+        if !of_this_volume {
+            return Err(CsiError::FailedPrecondition(format!(
+                "tag '{tag}' of SealedVolume {namespace}/{volume} names {digest}, which is not a \
+                 version of {namespace}/{volume}; point the tag at one of its versions \
+                 (kubectl get svv -n {namespace} -l sealedvolumes.io/volume={volume})"
+            )));
+        }
+        Ok(digest)
     }
 
     /// A Normal `TagResolved` Event on the pod. Best effort: a failure is logged, never

@@ -273,6 +273,33 @@ async fn checks(
         &["tag 'nope'", "prod"],
     )
     .await?;
+    // A tag naming a version of another volume is refused, though the digest is allowed.
+    let borrowed = SealedVolume::new(
+        "borrower",
+        SealedVolumeSpec {
+            source: Source::upload(),
+            tags: BTreeMap::from([("prod".to_string(), digest.clone())]),
+            retention: Retention::default(),
+            shared: false,
+        },
+    );
+    Api::<SealedVolume>::namespaced(client.clone(), owner)
+        .create(&PostParams::default(), &borrowed)
+        .await?;
+    let req = publish_req(
+        target,
+        owner,
+        "borrowtag",
+        &[("volume", "borrower"), ("tag", "prod")],
+    );
+    expect_code(
+        csi,
+        "tag naming another volume's version",
+        req,
+        Code::FailedPrecondition,
+        &["not a version of", "borrower"],
+    )
+    .await?;
     let req = publish_req(
         target,
         owner,

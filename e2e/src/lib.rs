@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use kube::api::{DeleteParams, LogParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::await_condition;
@@ -143,10 +143,12 @@ impl Cluster {
             .create(&PostParams::default(), &ns)
             .await
             .with_context(|| format!("cannot create a namespace for {prefix}"))?;
-        created
+        let name = created
             .metadata
             .name
-            .context("the API server returned a namespace without a name")
+            .context("the API server returned a namespace without a name")?;
+        wait_for_default_service_account(&self.client, &name).await?;
+        Ok(name)
     }
 
     /// Deletes a namespace and does not wait for it to go.
@@ -211,6 +213,23 @@ pub fn busybox_pod(name: &str, script: &str) -> Result<Pod> {
             }],
         }
     }))?)
+}
+
+/// Waits until namespace `ns` has its `default` ServiceAccount: pods are refused until the
+/// controller-manager has made it, which lags by seconds on a freshly started cluster.
+pub async fn wait_for_default_service_account(client: &Client, ns: &str) -> Result<()> {
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while accounts.get_opt("default").await?.is_none() {
+        if std::time::Instant::now() > deadline {
+            bail!(
+                "namespace {ns} has no default ServiceAccount after 60 s: is \
+                 kube-controller-manager running?"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
 }
 
 /// Wraps a static binary into an image `reference` (`NAME:TAG`) with

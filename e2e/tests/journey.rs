@@ -394,12 +394,14 @@ async fn labelled_namespace(client: &Client, prefix: &str, role: &str) -> Result
     let ns: Namespace = serde_json::from_value(serde_json::json!({
         "metadata": { "generateName": format!("{prefix}-"), "labels": { NS_LABEL: role } }
     }))?;
-    Api::<Namespace>::all(client.clone())
+    let name = Api::<Namespace>::all(client.clone())
         .create(&PostParams::default(), &ns)
         .await?
         .metadata
         .name
-        .context("a namespace without a name")
+        .context("a namespace without a name")?;
+    sealed_e2e::wait_for_default_service_account(client, &name).await?;
+    Ok(name)
 }
 
 async fn csinode_has_driver(client: &Client, node: &str) -> Result<bool> {
