@@ -31,7 +31,7 @@ use crate::manifest::{
     ChunkRef, Entry, EntryKind, FileEntry, Manifest, validate_path, validate_symlink_target,
 };
 use crate::progress::{Phase, Progress};
-use crate::push::PushReport;
+use crate::push::{PushReport, UploadStats, seal_manifest};
 use crate::scan::check_symlink_loops;
 use crate::store::{ChunkStore, validate_volume_name};
 
@@ -68,13 +68,6 @@ const FEED_BLOCK: usize = 1024 * 1024;
 const FEED_DEPTH: usize = 4;
 /// What the chunker's sink reports when the uploader has stopped (its error is the real one).
 const UPLOADER_STOPPED: &str = "uploader stopped";
-
-#[derive(Default)]
-struct UploadStats {
-    chunks_uploaded: u64,
-    bytes_uploaded: u64,
-    bytes_reused: u64,
-}
 
 /// A version being sealed from streams. Add files (several at once if you like: every method
 /// takes `&self`), then [`seal`](Ingest::seal) it, or [`abort`](Ingest::abort) it on failure.
@@ -281,47 +274,14 @@ impl Ingest {
             entries: with_parents(entries)?,
         };
         check_symlink_loops(&manifest.entries)?;
-        let (manifest_bytes, digest) = manifest.seal()?;
-        self.store.sync().await?;
-        let manifest_len = manifest_bytes.len() as u64;
-        // Chunks found present were safe from collection only while the lease held.
-        lease.ensure_live()?;
-        self.store.put_manifest(manifest_bytes).await?;
-        if let Some(volume) = &self.volume {
-            self.store.put_volume_record(volume, &digest).await?;
-        }
-        let mut report = IngestReport {
-            digest,
-            files: 0,
-            directories: 0,
-            symlinks: 0,
-            bytes: manifest.total_size(),
-            chunks: 0,
-            unique_chunks: manifest.unique_chunks().len() as u64,
-            chunks_uploaded: stats.chunks_uploaded,
-            bytes_uploaded: stats.bytes_uploaded,
-            bytes_reused: stats.bytes_reused,
-            manifest_bytes: manifest_len,
-        };
-        for entry in &manifest.entries {
-            match &entry.kind {
-                EntryKind::Dir => report.directories += 1,
-                EntryKind::Symlink { .. } => report.symlinks += 1,
-                EntryKind::File(f) => {
-                    report.files += 1;
-                    report.chunks += f.chunks.len() as u64;
-                }
-            }
-        }
-        tracing::info!(
-            %digest,
-            files = report.files,
-            bytes = report.bytes,
-            chunks_uploaded = report.chunks_uploaded,
-            bytes_uploaded = report.bytes_uploaded,
-            "sealed from a stream"
-        );
-        Ok(report)
+        seal_manifest(
+            &self.store,
+            &manifest,
+            lease,
+            self.volume.as_deref(),
+            &stats,
+        )
+        .await
     }
 
     /// Gives up: stops the uploads in flight, releases the writer lease and seals nothing.

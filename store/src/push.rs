@@ -22,7 +22,7 @@ use crate::chunker::ChunkParams;
 use crate::digest::Digest;
 use crate::error::{Error, Result};
 use crate::lease::WriterLease;
-use crate::manifest::{ChunkRef, EntryKind};
+use crate::manifest::{ChunkRef, EntryKind, Manifest};
 use crate::progress::{Phase, Progress};
 use crate::scan::{ScanOptions, ScannedTree, ensure_unchanged, scan};
 use crate::store::{ChunkStore, validate_volume_name};
@@ -66,11 +66,12 @@ pub struct PushReport {
     pub manifest_bytes: u64,
 }
 
+/// What one push or ingest uploaded, and what it found the store already had.
 #[derive(Default)]
-struct UploadStats {
-    chunks_uploaded: u64,
-    bytes_uploaded: u64,
-    bytes_reused: u64,
+pub(crate) struct UploadStats {
+    pub(crate) chunks_uploaded: u64,
+    pub(crate) bytes_uploaded: u64,
+    pub(crate) bytes_reused: u64,
 }
 
 /// What the scanner's sink reports when the uploader has stopped (its error is the real one).
@@ -127,13 +128,25 @@ async fn push_leased(
         let now = std::fs::metadata(&src.path).map_err(|e| Error::io(&src.path, e))?;
         ensure_unchanged(src, &now, src.size)?;
     }
-    let (manifest_bytes, digest) = tree.manifest.seal()?;
+    seal_manifest(store, &tree.manifest, lease, opts.volume.as_deref(), &stats).await
+}
+
+/// Seals `manifest` once every chunk it names is uploaded: makes the chunks durable, checks
+/// that the writer lease still holds (chunks found present were safe from collection only
+/// while it did), writes the manifest with a conditional create and the volume record.
+pub(crate) async fn seal_manifest(
+    store: &ChunkStore,
+    manifest: &Manifest,
+    lease: &WriterLease,
+    volume: Option<&str>,
+    stats: &UploadStats,
+) -> Result<PushReport> {
+    let (manifest_bytes, digest) = manifest.seal()?;
     store.sync().await?;
     let manifest_len = manifest_bytes.len() as u64;
-    // Chunks we found present were safe from collection only while the lease held.
     lease.ensure_live()?;
     store.put_manifest(manifest_bytes).await?;
-    if let Some(volume) = &opts.volume {
+    if let Some(volume) = volume {
         store.put_volume_record(volume, &digest).await?;
     }
 
@@ -142,15 +155,15 @@ async fn push_leased(
         files: 0,
         directories: 0,
         symlinks: 0,
-        bytes: tree.manifest.total_size(),
+        bytes: manifest.total_size(),
         chunks: 0,
-        unique_chunks: tree.manifest.unique_chunks().len() as u64,
+        unique_chunks: manifest.unique_chunks().len() as u64,
         chunks_uploaded: stats.chunks_uploaded,
         bytes_uploaded: stats.bytes_uploaded,
         bytes_reused: stats.bytes_reused,
         manifest_bytes: manifest_len,
     };
-    for entry in &tree.manifest.entries {
+    for entry in &manifest.entries {
         match &entry.kind {
             EntryKind::Dir => report.directories += 1,
             EntryKind::Symlink { .. } => report.symlinks += 1,
