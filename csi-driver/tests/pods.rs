@@ -29,6 +29,7 @@ use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
 use kube::{Api, Client};
 use sealed_crds::{SealedVolumeVersion, SealedVolumeVersionSpec};
 use sealed_csi::DRIVER_NAME;
+use sealed_e2e::wait_for;
 use sealed_e2e::{BUSYBOX_IMAGE, Cluster};
 
 const MANAGER: &str = "sealed-csi-pods-test";
@@ -149,23 +150,6 @@ fn mounts_of(store: &TestStore) -> (usize, usize) {
         }
     }
     (fuse, binds)
-}
-
-async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<bool>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if check().await? {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
 }
 
 async fn pod_log(pods: &Api<Pod>, name: &str) -> String {

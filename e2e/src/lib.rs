@@ -215,6 +215,25 @@ pub fn busybox_pod(name: &str, script: &str) -> Result<Pod> {
     }))?)
 }
 
+/// Polls `check` every 500 ms until it says true; an error from it, or `timeout`, ends the
+/// wait with an error naming `what`.
+pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if check().await? {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// Waits until namespace `ns` has its `default` ServiceAccount: pods are refused until the
 /// controller-manager has made it, which lags by seconds on a freshly started cluster.
 pub async fn wait_for_default_service_account(client: &Client, ns: &str) -> Result<()> {

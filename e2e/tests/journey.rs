@@ -55,6 +55,7 @@ use object_store::prefix::PrefixStore;
 use object_store::{ObjectStore, PutPayload};
 use sealed_crds::{SealedVolume, SealedVolumeVersion, SealedVolumeVersionSpec};
 use sealed_e2e::Cluster;
+use sealed_e2e::wait_for;
 use sealed_store::push::{PushOptions, push};
 use sealed_store::{ChunkStore, Digest, EntryKind, NoProgress};
 
@@ -372,23 +373,6 @@ fn sums_total(lines: &[String]) -> String {
 
 // ---------------------------------------------------------------------------------------
 // Kubernetes helpers
-
-async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<bool>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if check().await? {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
 
 async fn labelled_namespace(client: &Client, prefix: &str, role: &str) -> Result<String> {
     let ns: Namespace = serde_json::from_value(serde_json::json!({
