@@ -54,8 +54,8 @@ use object_store::aws::AmazonS3Builder;
 use object_store::prefix::PrefixStore;
 use object_store::{ObjectStore, PutPayload};
 use sealed_crds::{SealedVolume, SealedVolumeVersion, SealedVolumeVersionSpec};
-use sealed_e2e::Cluster;
 use sealed_e2e::wait_for;
+use sealed_e2e::{Cluster, pseudo_random};
 use sealed_store::push::{PushOptions, push};
 use sealed_store::{ChunkStore, Digest, EntryKind, NoProgress};
 
@@ -258,20 +258,6 @@ impl Moto {
 
 // ---------------------------------------------------------------------------------------
 // The model tree
-
-/// xorshift64: the same bytes on every run.
-fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(len);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
 
 /// v1 of the model: a few files, one of 6 MiB (several chunks), nested directories.
 fn model_v1() -> BTreeMap<&'static str, Vec<u8>> {
