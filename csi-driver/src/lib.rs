@@ -6,6 +6,7 @@
 
 pub mod authority;
 pub mod error;
+pub mod fd_holder;
 pub mod gpu;
 pub mod identity;
 pub mod kube_access;

@@ -38,6 +38,16 @@ pub struct SealedFs {
     next_handle: AtomicU64,
 }
 
+/// Handle numbers start from the clock, so that a process that resumed a mount does not hand
+/// out the numbers of handles opened before its restart (they would share readahead state).
+fn first_handle() -> u64 {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    (secs << 24) | 1
+}
+
 impl SealedFs {
     pub fn new(
         digest: Digest,
@@ -53,7 +63,7 @@ impl SealedFs {
             cache,
             readahead,
             handles: Mutex::new(HashMap::new()),
-            next_handle: AtomicU64::new(1),
+            next_handle: AtomicU64::new(first_handle()),
         }
     }
 
@@ -257,9 +267,9 @@ impl SealedFs {
         offset: u64,
         size: u32,
     ) {
-        let Some(state) = self.handles.lock().get(&fh).cloned() else {
-            return;
-        };
+        // A handle this process did not open was opened before a restart (the mount was
+        // resumed): it gets its readahead state now.
+        let state = self.handles.lock().entry(fh).or_default().clone();
         let mut state = state.lock();
         let Some(ahead) = state.on_read(&self.readahead, offset, u64::from(size), file_size) else {
             return;

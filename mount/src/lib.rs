@@ -21,6 +21,7 @@ pub mod fuse;
 mod lru;
 pub mod metrics;
 pub mod prefetch;
+pub mod reattach;
 pub mod session;
 pub mod size;
 pub mod tree;

@@ -1,6 +1,7 @@
 //! Mounting and unmounting: the entry point the CLI and the CSI node plugin share.
 
 use std::io;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -34,6 +35,11 @@ pub struct MountOptions {
     pub allow_other: Option<bool>,
     /// Kernel readahead for the mount's backing device, KiB (best effort; needs root).
     pub kernel_readahead_kb: Option<u32>,
+    /// Serve the mount so another process can take it over ([`MountHandle::fuse_fd`],
+    /// [`MountHandle::resume`]): every worker reads the one /dev/fuse fd instead of a clone,
+    /// because requests read on a clone are failed when the clone closes, while those read
+    /// on the shared fd wait for the next server.
+    pub restartable: bool,
 }
 
 impl Default for MountOptions {
@@ -45,6 +51,7 @@ impl Default for MountOptions {
             threads: 4,
             allow_other: None,
             kernel_readahead_kb: Some(8192),
+            restartable: false,
         }
     }
 }
@@ -54,7 +61,9 @@ impl Default for MountOptions {
 pub struct MountHandle {
     fs: Arc<SealedFs>,
     mountpoint: PathBuf,
-    unmounter: Option<SessionUnmounter>,
+    unmounter: Option<Unmounter>,
+    /// A duplicate of the /dev/fuse fd, for [`MountHandle::fuse_fd`] (restartable mounts).
+    fuse: Option<OwnedFd>,
     thread: Option<JoinHandle<io::Result<()>>>,
     ended: watch::Receiver<bool>,
     warm: Option<tokio::task::JoinHandle<Result<WarmReport, MountError>>>,
@@ -96,32 +105,9 @@ impl MountHandle {
             }
             Err(e) => return Err(bad_dir(e.to_string())),
         }
-        let manifest = store.get_manifest(&digest).await?;
-        let tree =
-            Tree::build(manifest).map_err(|reason| MountError::BadManifest { digest, reason })?;
-        let fs = Arc::new(SealedFs::new(digest, tree, store, cache, options.readahead));
-        let adapter = FuseAdapter::new(fs.clone(), tokio::runtime::Handle::current());
-
-        let mut config = Config::default();
-        config.mount_options = vec![
-            MountOption::RO,
-            MountOption::NoDev,
-            MountOption::NoSuid,
-            MountOption::NoAtime,
-            MountOption::DefaultPermissions,
-            MountOption::FSName(format!("sealed-{}", digest.hex())),
-            MountOption::Subtype("sealed".into()),
-        ];
-        config.acl = if options.allow_other.unwrap_or_else(is_root) {
-            SessionACL::All
-        } else {
-            SessionACL::Owner
-        };
-        config.n_threads = Some(options.threads.max(1));
-        config.clone_fd = options.threads > 1;
-
+        let (fs, adapter, config) = prepare(store, digest, cache, &options).await?;
         let mp = mountpoint.clone();
-        let mut session = tokio::task::spawn_blocking(move || Session::new(adapter, &mp, &config))
+        let session = tokio::task::spawn_blocking(move || Session::new(adapter, &mp, &config))
             .await
             .map_err(|e| MountError::Mount {
                 path: mountpoint.clone(),
@@ -131,67 +117,62 @@ impl MountHandle {
                 path: mountpoint.clone(),
                 source,
             })?;
-        let unmounter = session.unmount_callable();
-        let (tx, ended) = watch::channel(false);
-        let thread = std::thread::Builder::new()
-            .name("sealed-fuse".into())
-            .spawn(move || {
-                let result = session.run();
-                let _ = tx.send(true);
-                result
-            })
-            .map_err(|source| MountError::Mount {
-                path: mountpoint.clone(),
-                source,
-            })?;
-        let ready_in = started.elapsed();
+        let mut session = session;
+        let unmounter = Unmounter::Session(session.unmount_callable());
+        start(session, unmounter, fs, mountpoint, options, started, false).await
+    }
 
-        // Now that requests are served, look at the mount: its device names the kernel's
-        // readahead knob and the FUSE connection.
-        let mp = mountpoint.clone();
-        let ra = options.kernel_readahead_kb;
-        let device = tokio::task::spawn_blocking(move || {
-            let dev = std::fs::metadata(&mp).ok()?.dev();
-            if let Some(kb) = ra {
-                set_kernel_readahead(dev, kb);
-            }
-            Some(dev)
-        })
-        .await
-        .ok()
-        .flatten();
-
-        let warm = match &options.prefetch {
-            PrefetchSelection::None => None,
-            selection => {
-                let selection = selection.clone();
-                let fs = fs.clone();
-                let concurrency = options.prefetch_concurrency;
-                Some(tokio::spawn(async move {
-                    let report = warm(fs, &selection, concurrency).await?;
-                    tracing::info!(?report, "background prefetch done");
-                    Ok(report)
-                }))
-            }
+    /// Serves a version that is already mounted at `mountpoint` through the FUSE connection
+    /// `fuse`: a duplicate of [`MountHandle::fuse_fd`] of the process that mounted it, which
+    /// is gone. Requests it read but never answered are sent again (Linux >= 6.9), and reads
+    /// that waited meanwhile are answered now. `digest` must be the version mounted there.
+    pub async fn resume(
+        store: ChunkStore,
+        digest: Digest,
+        fuse: OwnedFd,
+        mountpoint: impl AsRef<Path>,
+        cache: NodeCache,
+        options: MountOptions,
+    ) -> Result<MountHandle, MountError> {
+        let started = Instant::now();
+        let mountpoint = mountpoint.as_ref().to_path_buf();
+        let (fs, adapter, config) = prepare(store, digest, cache, &options).await?;
+        let mount_err = |source: io::Error| MountError::Mount {
+            path: mountpoint.clone(),
+            source,
         };
-        tracing::info!(
-            %digest,
-            mountpoint = %mountpoint.display(),
-            files = fs.tree().len(),
-            bytes = fs.tree().total_bytes(),
-            ready_ms = ready_in.as_millis() as u64,
-            "mounted"
-        );
-        Ok(MountHandle {
-            fs,
-            mountpoint,
-            unmounter: Some(unmounter),
-            thread: Some(thread),
-            ended,
-            warm,
-            device,
-            ready_in,
-        })
+        let session = crate::reattach::session_for_live_fd(adapter, fuse, config)
+            .map_err(|e| mount_err(io::Error::new(e.kind(), format!("re-attaching: {e}"))))?;
+        // Before any worker reads: requests the old server had taken join the pending queue.
+        match crate::reattach::notify_resend(session.as_fd()) {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(
+                "this kernel cannot resend requests the previous server took (needs Linux \
+                 6.9); reads that were in flight when it stopped stay unanswered"
+            ),
+            Err(e) => return Err(mount_err(io::Error::new(e.kind(), format!("resend: {e}")))),
+        }
+        let unmounter = Unmounter::Path(mountpoint.clone());
+        start(session, unmounter, fs, mountpoint, options, started, true).await
+    }
+
+    /// A duplicate of the mount's /dev/fuse fd, for a holder process that keeps the mount
+    /// alive while this process restarts (mounts made with `restartable` only).
+    pub fn fuse_fd(&self) -> io::Result<OwnedFd> {
+        match &self.fuse {
+            Some(fd) => fd.try_clone(),
+            None => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "the mount was not made restartable",
+            )),
+        }
+    }
+
+    /// Leaves the mount in place when the handle goes: for a process that exits so that
+    /// another one resumes the mount ([`MountHandle::resume`]). Reads wait meanwhile, as long
+    /// as some process still holds the FUSE fd.
+    pub fn keep_mounted(mut self) {
+        self.unmounter = None;
     }
 
     pub fn mountpoint(&self) -> &Path {
@@ -296,6 +277,146 @@ impl Drop for MountHandle {
             }
         }
     }
+}
+
+/// How a handle takes its mount down: through `fuser` for a mount it made, by path for one
+/// it resumed (`fuser` did not mount that one, so it cannot unmount it).
+enum Unmounter {
+    Session(SessionUnmounter),
+    Path(PathBuf),
+}
+
+impl Unmounter {
+    fn unmount(&mut self) -> io::Result<()> {
+        match self {
+            Unmounter::Session(u) => u.unmount(),
+            Unmounter::Path(path) => unmount(path, false).map_err(|e| match e {
+                MountError::Unmount { source, .. } => source,
+                other => io::Error::other(other.to_string()),
+            }),
+        }
+    }
+}
+
+/// The filesystem for `digest` and the FUSE settings every mount of it uses.
+async fn prepare(
+    store: ChunkStore,
+    digest: Digest,
+    cache: NodeCache,
+    options: &MountOptions,
+) -> Result<(Arc<SealedFs>, FuseAdapter, Config), MountError> {
+    let manifest = store.get_manifest(&digest).await?;
+    let tree =
+        Tree::build(manifest).map_err(|reason| MountError::BadManifest { digest, reason })?;
+    let fs = Arc::new(SealedFs::new(digest, tree, store, cache, options.readahead));
+    let adapter = FuseAdapter::new(fs.clone(), tokio::runtime::Handle::current());
+
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::RO,
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        MountOption::NoAtime,
+        MountOption::DefaultPermissions,
+        MountOption::FSName(format!("sealed-{}", digest.hex())),
+        MountOption::Subtype("sealed".into()),
+    ];
+    config.acl = if options.allow_other.unwrap_or_else(is_root) {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    config.n_threads = Some(options.threads.max(1));
+    config.clone_fd = options.threads > 1 && !options.restartable;
+    Ok((fs, adapter, config))
+}
+
+/// Runs `session` in the background and returns its handle.
+async fn start(
+    session: Session<FuseAdapter>,
+    unmounter: Unmounter,
+    fs: Arc<SealedFs>,
+    mountpoint: PathBuf,
+    options: MountOptions,
+    started: Instant,
+    resumed: bool,
+) -> Result<MountHandle, MountError> {
+    let digest = fs.digest();
+    let fuse = if options.restartable {
+        Some(
+            session
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|source| MountError::Mount {
+                    path: mountpoint.clone(),
+                    source,
+                })?,
+        )
+    } else {
+        None
+    };
+    let (tx, ended) = watch::channel(false);
+    let thread = std::thread::Builder::new()
+        .name("sealed-fuse".into())
+        .spawn(move || {
+            let result = session.run();
+            let _ = tx.send(true);
+            result
+        })
+        .map_err(|source| MountError::Mount {
+            path: mountpoint.clone(),
+            source,
+        })?;
+    let ready_in = started.elapsed();
+
+    // Now that requests are served, look at the mount: its device names the kernel's
+    // readahead knob and the FUSE connection.
+    let mp = mountpoint.clone();
+    let ra = options.kernel_readahead_kb;
+    let device = tokio::task::spawn_blocking(move || {
+        let dev = std::fs::metadata(&mp).ok()?.dev();
+        if let Some(kb) = ra {
+            set_kernel_readahead(dev, kb);
+        }
+        Some(dev)
+    })
+    .await
+    .ok()
+    .flatten();
+
+    let warm = match &options.prefetch {
+        PrefetchSelection::None => None,
+        selection => {
+            let selection = selection.clone();
+            let fs = fs.clone();
+            let concurrency = options.prefetch_concurrency;
+            Some(tokio::spawn(async move {
+                let report = warm(fs, &selection, concurrency).await?;
+                tracing::info!(?report, "background prefetch done");
+                Ok(report)
+            }))
+        }
+    };
+    tracing::info!(
+        %digest,
+        mountpoint = %mountpoint.display(),
+        files = fs.tree().len(),
+        bytes = fs.tree().total_bytes(),
+        ready_ms = ready_in.as_millis() as u64,
+        resumed,
+        "mounted"
+    );
+    Ok(MountHandle {
+        fs,
+        mountpoint,
+        unmounter: Some(unmounter),
+        fuse,
+        thread: Some(thread),
+        ended,
+        warm,
+        device,
+        ready_in,
+    })
 }
 
 /// Unmounts `path` (`sealed umount`). `lazy` detaches it even while files are open. Without
