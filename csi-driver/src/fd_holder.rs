@@ -219,14 +219,6 @@ pub struct Holder {
 }
 
 impl Holder {
-    pub fn len(&self) -> usize {
-        self.held.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.held.is_empty()
-    }
-
     fn answer(&mut self, body: &[u8], fd: Option<OwnedFd>) -> (Answer, Option<OwnedFd>) {
         let fail = |error: String| Answer {
             error: Some(error),

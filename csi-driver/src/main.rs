@@ -80,6 +80,10 @@ struct Args {
     /// plugin's container mounts it elsewhere
     #[arg(long)]
     kubelet_registration_path: Option<PathBuf>,
+    /// Socket of the FUSE fd holder (`sealed-fd-holder`): with it, restarting or upgrading
+    /// the plugin keeps running pods' mounts working; without it, they break
+    #[arg(long, env = "SEALED_FD_HOLDER")]
+    fd_holder: Option<PathBuf>,
     /// Serve Prometheus /metrics and /healthz over HTTP on this address (e.g. 0.0.0.0:9809);
     /// off when unset
     #[arg(long, env = "SEALED_METRICS_ADDR")]
@@ -146,6 +150,7 @@ async fn main() -> anyhow::Result<()> {
         },
         max_volumes: args.max_volumes,
         standalone: args.standalone,
+        fd_holder: args.fd_holder.clone(),
     };
     let cache = NodeCache::new(&NodeCacheOptions {
         disk_dir: Some(args.cache_dir.clone()),
@@ -161,7 +166,23 @@ async fn main() -> anyhow::Result<()> {
     .with_context(|| format!("cannot open the node cache {}", args.cache_dir.display()))?;
     let driver = Driver::new(config, cache, MountOptions::default())
         .context("cannot set up the metrics registry")?;
-    driver.clean_stale()?;
+    if args.fd_holder.is_none() {
+        tracing::warn!(
+            "no --fd-holder: restarting this plugin will break the mounts of running pods"
+        );
+    }
+    driver.recover().await?;
+    if args.fd_holder.is_some() {
+        // The holder may restart on its own (deleted by hand): give it the fds again.
+        let driver = driver.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(10));
+            loop {
+                tick.tick().await;
+                driver.refresh_holder().await;
+            }
+        });
+    }
     // Open the store now to report a bad URL or credential early; a store that is down is
     // retried on the first publish rather than failing the plugin.
     match driver.store().await {
@@ -201,7 +222,7 @@ async fn main() -> anyhow::Result<()> {
         ));
     }
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = sealed_csi::serve(driver, kube, listener, async {
+    let server = sealed_csi::serve(driver.clone(), kube, listener, async {
         let _ = stopped.await;
     });
     tokio::pin!(server);
@@ -233,6 +254,13 @@ async fn main() -> anyhow::Result<()> {
     }
     let _ = http_stop.send(());
     let _ = std::fs::remove_file(&socket);
+    let kept = driver.keep_mounts_for_restart().await;
+    if kept > 0 {
+        tracing::info!(
+            mounts = kept,
+            "leaving the FUSE mounts to the fd holder for the next plugin"
+        );
+    }
     Ok(())
 }
 

@@ -7,14 +7,17 @@
 //! digest never mount it twice.
 
 use std::collections::{BTreeSet, HashMap};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use sealed_mount::{MountHandle, MountOptions, NodeCache};
 use sealed_store::{ChunkStore, Digest, StoreOptions};
+use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
 use crate::error::CsiError;
+use crate::fd_holder::HolderClient;
 use crate::metrics::Metrics;
 use crate::mounts;
 
@@ -29,6 +32,8 @@ pub struct DriverConfig {
     pub max_volumes: i64,
     /// No API server: no authorization or node-label checks.
     pub standalone: bool,
+    /// The FUSE fd holder's socket: mounts survive restarts of the plugin (see `fd_holder`).
+    pub fd_holder: Option<PathBuf>,
 }
 
 /// A validated publish request.
@@ -51,6 +56,26 @@ struct Publication {
     digest: Digest,
 }
 
+/// A publication as written to `<state-dir>/publications/`, so that a restarted plugin knows
+/// which target belongs to which volume and version.
+#[derive(Debug, Serialize, Deserialize)]
+struct PublicationRecord {
+    volume_id: String,
+    digest: String,
+    target: PathBuf,
+}
+
+/// What [`Driver::recover`] found.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Recovery {
+    /// FUSE mounts served again through the fd the holder kept.
+    pub resumed: usize,
+    /// Targets of those mounts, published again.
+    pub targets: usize,
+    /// Mounts left by an earlier run that could not be resumed and were detached.
+    pub detached: usize,
+}
+
 struct VersionMount {
     handle: MountHandle,
     targets: BTreeSet<PathBuf>,
@@ -69,15 +94,18 @@ pub struct Driver {
     store: Mutex<Option<ChunkStore>>,
     mounts: Mutex<Mounts>,
     metrics: Arc<Metrics>,
+    holder: Option<HolderClient>,
 }
 
 impl Driver {
     pub fn new(
         config: DriverConfig,
         cache: NodeCache,
-        mount_options: MountOptions,
+        mut mount_options: MountOptions,
     ) -> Result<Arc<Self>, prometheus::Error> {
         let metrics = Arc::new(Metrics::new(cache.metrics().clone())?);
+        let holder = config.fd_holder.as_ref().map(HolderClient::new);
+        mount_options.restartable = holder.is_some();
         Ok(Arc::new(Driver {
             config,
             cache,
@@ -85,6 +113,7 @@ impl Driver {
             store: Mutex::new(None),
             mounts: Mutex::new(Mounts::default()),
             metrics,
+            holder,
         }))
     }
 
@@ -100,20 +129,311 @@ impl Driver {
         self.config.state_dir.join("mounts")
     }
 
+    fn publications_dir(&self) -> PathBuf {
+        self.config.state_dir.join("publications")
+    }
+
+    fn record_path(&self, target: &Path) -> PathBuf {
+        let name = Digest::of(target.as_os_str().as_encoded_bytes()).hex();
+        self.publications_dir().join(format!("{name}.json"))
+    }
+
+    /// Writes down a publication (atomically: temporary file, then rename).
+    fn write_record(&self, target: &Path, volume_id: &str, digest: &Digest) {
+        let record = PublicationRecord {
+            volume_id: volume_id.into(),
+            digest: digest.to_string(),
+            target: target.to_path_buf(),
+        };
+        let path = self.record_path(target);
+        let tmp = path.with_extension("tmp");
+        let written = serde_json::to_vec(&record)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| std::fs::write(&tmp, bytes))
+            .and_then(|()| std::fs::rename(&tmp, &path));
+        if let Err(e) = written {
+            tracing::warn!(path = %path.display(), error = %e,
+                "cannot record the publication; a restarted plugin will not know this target");
+        }
+    }
+
+    fn remove_record(&self, target: &Path) {
+        let _ = std::fs::remove_file(self.record_path(target));
+    }
+
+    fn read_records(&self) -> Vec<PublicationRecord> {
+        let Ok(entries) = std::fs::read_dir(self.publications_dir()) else {
+            return Vec::new();
+        };
+        let mut records = Vec::new();
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.extension().is_none_or(|e| e != "json") {
+                let _ = std::fs::remove_file(&path);
+                continue;
+            }
+            match std::fs::read(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+            {
+                Ok(record) => records.push(record),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "dropping an unreadable publication record");
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+        }
+        records
+    }
+
+    /// Takes over what a previous run of the plugin left: FUSE mounts whose fd the holder
+    /// kept are served again (pods reading them only paused) together with their targets;
+    /// every other leftover mount is detached, as [`Driver::clean_stale`] does.
+    pub async fn recover(&self) -> Result<Recovery, CsiError> {
+        let mut report = Recovery::default();
+        for dir in [self.mounts_dir(), self.publications_dir()] {
+            std::fs::create_dir_all(&dir).map_err(|e| CsiError::io("creating", &dir, e))?;
+        }
+        let records = self.read_records();
+        let mut mounts = self.mounts.lock().await;
+        if let Some(holder) = self.holder.clone() {
+            let held = tokio::task::spawn_blocking(move || holder.list())
+                .await
+                .map_err(|e| CsiError::io("listing held fds", "", std::io::Error::other(e)))?;
+            match held {
+                Ok(held) => {
+                    for entry in held {
+                        if self
+                            .resume_held(&mut mounts, &entry.key, &entry.digest)
+                            .await
+                        {
+                            report.resumed += 1;
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e,
+                    "fd holder not reachable: mounts of an earlier run cannot be resumed"),
+            }
+        }
+        for record in records {
+            let Ok(digest) = Digest::parse(&record.digest) else {
+                self.remove_record(&record.target);
+                continue;
+            };
+            let live = mounts::is_mount_point(&record.target);
+            match mounts.versions.get_mut(&digest) {
+                Some(version) if live => {
+                    version.targets.insert(record.target.clone());
+                    report.targets += 1;
+                }
+                _ if !live => {
+                    self.remove_record(&record.target);
+                    continue;
+                }
+                // Mounted onto a version that could not be resumed: kubelet's unpublish will
+                // take it down; the record lets it match the volume id.
+                _ => {}
+            }
+            mounts.targets.insert(
+                record.target,
+                Publication {
+                    volume_id: record.volume_id,
+                    digest,
+                },
+            );
+        }
+        // A resumed version no target uses any more (its pods went while the plugin was
+        // down) is released now; nothing else would.
+        let unused: Vec<Digest> = mounts
+            .versions
+            .iter()
+            .filter(|(_, v)| v.targets.is_empty())
+            .map(|(d, _)| *d)
+            .collect();
+        for digest in unused {
+            if let Some(v) = mounts.versions.remove(&digest) {
+                self.unmount_version(digest, v.handle).await;
+            }
+        }
+        let keep: BTreeSet<PathBuf> = mounts
+            .versions
+            .values()
+            .map(|v| v.handle.mountpoint().to_path_buf())
+            .collect();
+        report.detached = self.clean_stale_except(&keep)?;
+        self.metrics
+            .set_counts(mounts.versions.len(), mounts.targets.len());
+        tracing::info!(
+            resumed = report.resumed,
+            targets = report.targets,
+            detached = report.detached,
+            "recovered the mounts of an earlier run"
+        );
+        Ok(report)
+    }
+
+    /// Serves the held mount at `key` again; false (and the fd released) when it cannot be.
+    async fn resume_held(&self, mounts: &mut Mounts, key: &str, digest: &str) -> bool {
+        let Some(holder) = self.holder.clone() else {
+            return false;
+        };
+        let dir = PathBuf::from(key);
+        let ours = dir.parent() == Some(self.mounts_dir().as_path());
+        let parsed = Digest::parse(digest).ok();
+        let release = |why: &str| {
+            tracing::warn!(key, digest, why, "not resuming a held mount");
+            let holder = holder.clone();
+            let key = key.to_string();
+            async move {
+                let _ = tokio::task::spawn_blocking(move || holder.drop_fd(&key)).await;
+            }
+        };
+        let Some(digest) = parsed.filter(|d| ours && dir.ends_with(d.hex())) else {
+            release("not a mount of this plugin").await;
+            return false;
+        };
+        if !mounts::is_mount_point(&dir) {
+            release("no longer mounted").await;
+            return false;
+        }
+        let key_owned = key.to_string();
+        let fetched = {
+            let holder = holder.clone();
+            tokio::task::spawn_blocking(move || holder.get(&key_owned)).await
+        };
+        let fd = match fetched {
+            Ok(Ok(Some((_, fd)))) => fd,
+            Ok(Ok(None)) => return false,
+            Ok(Err(e)) => {
+                tracing::warn!(key, error = %e, "cannot take a held fd back");
+                return false;
+            }
+            Err(e) => {
+                tracing::warn!(key, error = %e, "cannot take a held fd back");
+                return false;
+            }
+        };
+        // The store holds the manifest the mount is rebuilt from; give it a moment to be
+        // reachable (a node restarting everything at once), since reads wait meanwhile.
+        let mut store = self.store().await;
+        for _ in 0..10 {
+            if store.is_ok() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+            store = self.store().await;
+        }
+        let store = match store {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(%digest, error = %e, "store unreachable: cannot resume the mount");
+                return false;
+            }
+        };
+        let resumed = MountHandle::resume(
+            store,
+            digest,
+            fd,
+            &dir,
+            self.cache.clone(),
+            self.mount_options.clone(),
+        )
+        .await;
+        match resumed {
+            Ok(handle) => {
+                mounts.versions.insert(
+                    digest,
+                    VersionMount {
+                        handle,
+                        targets: BTreeSet::new(),
+                    },
+                );
+                true
+            }
+            Err(e) => {
+                tracing::error!(%digest, error = %e, "cannot resume the mount");
+                false
+            }
+        }
+    }
+
+    /// Puts every mount's fd with the holder again, if it lost them (it restarted).
+    pub async fn refresh_holder(&self) {
+        let Some(holder) = self.holder.clone() else {
+            return;
+        };
+        let listed = {
+            let holder = holder.clone();
+            tokio::task::spawn_blocking(move || holder.list()).await
+        };
+        let Ok(Ok(held)) = listed else {
+            return;
+        };
+        let held: BTreeSet<String> = held.into_iter().map(|h| h.key).collect();
+        let mounts = self.mounts.lock().await;
+        for (digest, version) in &mounts.versions {
+            let key = version.handle.mountpoint().display().to_string();
+            if !held.contains(&key) {
+                tracing::info!(%digest, "fd holder lost a mount's fd; putting it back");
+                self.hold(&version.handle, digest);
+            }
+        }
+    }
+
+    /// Hands the holder a duplicate of the mount's FUSE fd.
+    fn hold(&self, handle: &MountHandle, digest: &Digest) {
+        let Some(holder) = &self.holder else {
+            return;
+        };
+        let key = handle.mountpoint().display().to_string();
+        let result = handle.fuse_fd().map_err(|e| e.to_string()).and_then(|fd| {
+            holder
+                .put(&key, &digest.to_string(), fd.as_fd())
+                .map_err(|e| e.to_string())
+        });
+        if let Err(e) = result {
+            tracing::warn!(%digest, error = %e,
+                "the fd holder does not have this mount: a plugin restart would break it");
+        }
+    }
+
+    /// Leaves every FUSE mount in place for the next run of the plugin to resume (with an fd
+    /// holder), instead of unmounting at exit.
+    pub async fn keep_mounts_for_restart(&self) -> usize {
+        if self.holder.is_none() {
+            return 0;
+        }
+        let mut mounts = self.mounts.lock().await;
+        let n = mounts.versions.len();
+        for (_, version) in mounts.versions.drain() {
+            version.handle.keep_mounted();
+        }
+        n
+    }
+
     /// Prepares the state directory and unmounts what a previous run left behind.
     pub fn clean_stale(&self) -> Result<(), CsiError> {
+        self.clean_stale_except(&BTreeSet::new()).map(|_| ())
+    }
+
+    fn clean_stale_except(&self, keep: &BTreeSet<PathBuf>) -> Result<usize, CsiError> {
         let dir = self.mounts_dir();
         std::fs::create_dir_all(&dir).map_err(|e| CsiError::io("creating", &dir, e))?;
         let entries = std::fs::read_dir(&dir).map_err(|e| CsiError::io("reading", &dir, e))?;
+        let mut detached = 0;
         for entry in entries.flatten() {
             let path = entry.path();
+            if keep.contains(&path) {
+                continue;
+            }
             if mounts::is_mount_point(&path) {
                 tracing::warn!(path = %path.display(), "unmounting a FUSE mount left by an earlier run");
                 let _ = sealed_mount::unmount(&path, true);
+                detached += 1;
             }
             let _ = std::fs::remove_dir(&path);
         }
-        Ok(())
+        Ok(detached)
     }
 
     /// The store, opened on first use: a store that is down when the plugin starts must not
@@ -170,6 +490,7 @@ impl Driver {
         let mounted_here = !mounts.versions.contains_key(&req.digest);
         if mounted_here {
             let handle = self.mount_version(&req.digest).await?;
+            self.hold(&handle, &req.digest);
             mounts.versions.insert(
                 req.digest,
                 VersionMount {
@@ -205,6 +526,7 @@ impl Driver {
             .expect("mounted above")
             .targets
             .insert(req.target.clone());
+        self.write_record(&req.target, &req.volume_id, &req.digest);
         tracing::info!(
             volume_id = %req.volume_id,
             digest = %req.digest,
@@ -259,6 +581,7 @@ impl Driver {
             .await
             .map_err(|e| CsiError::io("unmounting", target, std::io::Error::other(e)))??;
         mounts.targets.remove(target);
+        self.remove_record(target);
         let last = match mounts.versions.get_mut(&digest) {
             Some(v) => {
                 v.targets.remove(target);
@@ -336,6 +659,10 @@ impl Driver {
 
     async fn unmount_version(&self, digest: Digest, handle: MountHandle) {
         let dir = handle.mountpoint().to_path_buf();
+        if let Some(holder) = self.holder.clone() {
+            let key = dir.display().to_string();
+            let _ = tokio::task::spawn_blocking(move || holder.drop_fd(&key)).await;
+        }
         if let Err(e) = handle.unmount().await {
             tracing::warn!(%digest, error = %e, "unmounting the FUSE mount failed");
         }

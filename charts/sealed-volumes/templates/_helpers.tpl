@@ -99,3 +99,34 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- toJson $out }}
 {{- end }}
+
+{{/* The node plugin's (and the fd holder's) affinity: node.affinity with the GPU exclusion
+     added to every node selector term. */}}
+{{- define "sealed-volumes.nodeAffinity" -}}
+{{- $excluded := include "sealed-volumes.excludedGpuLabelValues" . | fromJsonArray }}
+{{- $affinity := deepCopy .Values.node.affinity }}
+{{- if $excluded }}
+{{- $gpu := dict "key" "nvidia.com/gpu.product" "operator" "NotIn" "values" $excluded }}
+{{- $nodeAffinity := get $affinity "nodeAffinity" | default dict }}
+{{- $required := get $nodeAffinity "requiredDuringSchedulingIgnoredDuringExecution" | default dict }}
+{{- $terms := get $required "nodeSelectorTerms" | default list }}
+{{- if not $terms }}
+{{- $terms = list (dict "matchExpressions" (list $gpu)) }}
+{{- else }}
+{{- /* Terms are ORed: the exclusion has to hold in each of them. */}}
+{{- $withGpu := list }}
+{{- range $terms }}
+{{- $term := deepCopy . }}
+{{- $_ := set $term "matchExpressions" (append (get $term "matchExpressions" | default list) $gpu) }}
+{{- $withGpu = append $withGpu $term }}
+{{- end }}
+{{- $terms = $withGpu }}
+{{- end }}
+{{- $_ := set $required "nodeSelectorTerms" $terms }}
+{{- $_ := set $nodeAffinity "requiredDuringSchedulingIgnoredDuringExecution" $required }}
+{{- $_ := set $affinity "nodeAffinity" $nodeAffinity }}
+{{- end }}
+{{- with $affinity }}
+{{- toYaml . }}
+{{- end }}
+{{- end }}

@@ -184,6 +184,23 @@ impl Plugin {
     }
 }
 
+impl Plugin {
+    /// Stops the plugin with SIGTERM, as kubelet stops a container, waits for it to exit and
+    /// hands back its home directory.
+    pub fn terminate(mut self) -> TempDir {
+        // SAFETY: kill with the pid of our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.crash()
+    }
+}
+
 impl Drop for Plugin {
     fn drop(&mut self) {
         // SIGTERM first so the plugin shuts down cleanly; then make sure it is gone.

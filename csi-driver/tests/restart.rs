@@ -1,0 +1,374 @@
+//! Restart safety against the real binaries and real FUSE: a reader keeps reading a published
+//! volume while the node plugin is killed (SIGKILL), stopped (SIGTERM, as an upgrade does) and
+//! started again, and while the fd holder itself restarts. With `sealed-fd-holder` every read
+//! returns the right bytes; without it (the control) reads fail as soon as the plugin dies.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{Plugin, can_mount, store_with_version};
+use sealed_csi::csi::node_client::NodeClient;
+use sealed_csi::csi::volume_capability::access_mode::Mode;
+use sealed_csi::csi::volume_capability::{AccessMode, AccessType, MountVolume};
+use sealed_csi::csi::{
+    NodeGetVolumeStatsRequest, NodePublishVolumeRequest, NodeUnpublishVolumeRequest,
+    VolumeCapability,
+};
+use sealed_csi::fd_holder::HolderClient;
+
+/// What the reader threads saw.
+#[derive(Default)]
+struct Counters {
+    /// Reads that returned the right bytes, the failures, the slowest good read.
+    inner: Mutex<(u64, Vec<String>, Duration)>,
+}
+
+impl Counters {
+    fn ok(&self, took: Duration) {
+        let mut g = self.inner.lock().unwrap();
+        g.0 += 1;
+        g.2 = g.2.max(took);
+    }
+    fn fail(&self, e: String) {
+        self.inner.lock().unwrap().1.push(e);
+    }
+    fn oks(&self) -> u64 {
+        self.inner.lock().unwrap().0
+    }
+    fn failures(&self) -> Vec<String> {
+        self.inner.lock().unwrap().1.clone()
+    }
+    fn slowest(&self) -> Duration {
+        self.inner.lock().unwrap().2
+    }
+}
+
+/// The holder binary on its own socket.
+struct FdHolder {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl FdHolder {
+    fn start(socket: &Path) -> FdHolder {
+        let _ = std::fs::remove_file(socket);
+        let child = Command::new(env!("CARGO_BIN_EXE_sealed-fd-holder"))
+            .arg(format!("--socket={}", socket.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start sealed-fd-holder");
+        let started = Instant::now();
+        while !socket.exists() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "no holder socket"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        FdHolder {
+            child,
+            socket: socket.to_path_buf(),
+        }
+    }
+
+    fn client(&self) -> HolderClient {
+        HolderClient::new(&self.socket)
+    }
+}
+
+impl Drop for FdHolder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn publish_req(volume_id: &str, target: &Path, digest: &str) -> NodePublishVolumeRequest {
+    NodePublishVolumeRequest {
+        volume_id: volume_id.into(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(VolumeCapability {
+            access_mode: Some(AccessMode {
+                mode: Mode::SingleNodeWriter as i32,
+            }),
+            access_type: Some(AccessType::Mount(MountVolume::default())),
+        }),
+        readonly: true,
+        volume_context: HashMap::from([("digest".to_string(), digest.to_string())]),
+        ..Default::default()
+    }
+}
+
+/// Reads `file` again and again in a separate process, as a pod would, and checks every
+/// byte against `expected`: one line per read on its stdout, `ok SECONDS` or `failed ERROR`.
+/// Its pages are dropped from the page cache before each pass, so every pass goes through
+/// FUSE. (Threads of this test process would not do: a process that forks while it holds
+/// files open on a mount whose server is down hangs in exec, flushing them.)
+const READER: &str = r#"
+import hashlib, os, sys, time
+path, expected = sys.argv[1], sys.argv[2]
+while True:
+    started = time.monotonic()
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            h = hashlib.sha256()
+            while True:
+                b = os.read(fd, 1 << 20)
+                if not b:
+                    break
+                h.update(b)
+        finally:
+            os.close(fd)
+        if h.hexdigest() == expected:
+            print("ok %.3f" % (time.monotonic() - started), flush=True)
+        else:
+            print("failed: wrong bytes", flush=True)
+    except OSError as e:
+        print("failed: %s" % e, flush=True)
+        time.sleep(0.1)
+"#;
+
+struct Reader {
+    child: Child,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn spawn_reader(file: PathBuf, expected_sha256: &str, counters: Arc<Counters>) -> Reader {
+    let mut child = Command::new("python3")
+        .arg("-c")
+        .arg(READER)
+        .arg(&file)
+        .arg(expected_sha256)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start the python3 reader");
+    let stdout = child.stdout.take().expect("reader stdout");
+    let thread = std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            match line.strip_prefix("ok ") {
+                Some(secs) => counters.ok(Duration::from_secs_f64(secs.parse().unwrap_or(0.0))),
+                None => counters.fail(line),
+            }
+        }
+    });
+    Reader {
+        child,
+        thread: Some(thread),
+    }
+}
+
+fn sha256_hex(path: &Path) -> String {
+    let out = Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .expect("sha256sum");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .expect("a sha256sum line")
+        .to_string()
+}
+
+fn wait_for_reads(counters: &Counters, at_least: u64, what: &str) {
+    let started = Instant::now();
+    while counters.oks() < at_least {
+        assert!(
+            counters.failures().is_empty(),
+            "{what}: reads failed: {:?}",
+            counters.failures()
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{what}: only {} of {at_least} reads in 60 s",
+            counters.oks()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_keep_reading_through_plugin_kill_upgrade_and_holder_restart() {
+    if !can_mount() {
+        eprintln!("SKIPPED: needs root and /dev/fuse to mount FUSE");
+        return;
+    }
+    let store = store_with_version("restart_with_holder").await;
+    let holder_dir = tempfile::tempdir().unwrap();
+    let holder_socket = holder_dir.path().join("fd-holder.sock");
+    let mut holder = FdHolder::start(&holder_socket);
+    let holder_arg = format!("--fd-holder={}", holder_socket.display());
+    let plugin = Plugin::start(&store.url, &[&holder_arg]);
+    let targets = [
+        plugin.dir.path().join("pods/a/volume"),
+        plugin.dir.path().join("pods/b/volume"),
+    ];
+    let digest = store.digest.to_string();
+    let mut client = NodeClient::new(plugin.channel().await);
+    for (i, target) in targets.iter().enumerate() {
+        client
+            .node_publish_volume(publish_req(&format!("vol-{i}"), target, &digest))
+            .await
+            .expect("publish");
+    }
+    let held = holder.client().list().expect("list held fds");
+    assert_eq!(held.len(), 1, "one FUSE fd per digest: {held:?}");
+    assert_eq!(held[0].digest, digest);
+
+    let expected = sha256_hex(&store.source.join("sub/weights.bin"));
+    let counters = Arc::new(Counters::default());
+    let readers: Vec<Reader> = targets
+        .iter()
+        .map(|t| spawn_reader(t.join("sub/weights.bin"), &expected, counters.clone()))
+        .collect();
+    wait_for_reads(&counters, 20, "before any restart");
+
+    // 1. SIGKILL mid-read: nothing runs on the way out.
+    let before = counters.oks();
+    let home = plugin.crash();
+    std::thread::sleep(Duration::from_secs(1));
+    let plugin = Plugin::start_in(home, &store.url, &[&holder_arg]);
+    wait_for_reads(&counters, before + 20, "after SIGKILL and restart");
+    let slowest = counters.slowest();
+    eprintln!(
+        "after SIGKILL: {} reads ok, 0 failed, slowest read {:.2} s (waited for the new plugin)",
+        counters.oks(),
+        slowest.as_secs_f64()
+    );
+
+    // The restarted plugin knows the targets it did not publish itself.
+    let mut client = NodeClient::new(plugin.channel().await);
+    for (i, target) in targets.iter().enumerate() {
+        let stats = client
+            .node_get_volume_stats(NodeGetVolumeStatsRequest {
+                volume_id: format!("vol-{i}"),
+                volume_path: target.display().to_string(),
+                ..Default::default()
+            })
+            .await
+            .expect("stats of a target published before the restart");
+        assert!(!stats.into_inner().usage.is_empty());
+    }
+
+    // 2. SIGTERM, as an upgrade stops the old plugin: it must leave the mounts in place.
+    let before = counters.oks();
+    let home = plugin.terminate();
+    assert!(
+        std::fs::read_to_string(home.path().join("plugin.log"))
+            .unwrap_or_default()
+            .contains("leaving the FUSE mounts to the fd holder"),
+        "a stopping plugin hands its mounts on"
+    );
+    let plugin = Plugin::start_in(home, &store.url, &[&holder_arg]);
+    wait_for_reads(&counters, before + 20, "after SIGTERM and restart");
+
+    // 3. The holder restarts while the plugin runs: the plugin gives it the fds again
+    // (every 10 s), and the next plugin crash is survived as before.
+    drop(holder);
+    holder = FdHolder::start(&holder_socket);
+    let started = Instant::now();
+    while holder.client().list().expect("list").is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the plugin did not put its fds with the new holder"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let before = counters.oks();
+    let home = plugin.crash();
+    let plugin = Plugin::start_in(home, &store.url, &[&holder_arg]);
+    wait_for_reads(
+        &counters,
+        before + 20,
+        "after a holder restart and a plugin crash",
+    );
+
+    drop(readers);
+    assert!(counters.failures().is_empty(), "{:?}", counters.failures());
+
+    // Unpublishing through the resumed plugin takes everything down and frees the fd.
+    let mut client = NodeClient::new(plugin.channel().await);
+    for (i, target) in targets.iter().enumerate() {
+        client
+            .node_unpublish_volume(NodeUnpublishVolumeRequest {
+                volume_id: format!("vol-{i}"),
+                target_path: target.display().to_string(),
+            })
+            .await
+            .expect("unpublish");
+        assert!(!sealed_csi::mounts::is_mount_point(target));
+    }
+    let mount_dir = plugin
+        .dir
+        .path()
+        .join("state/mounts")
+        .join(store.digest.hex());
+    assert!(!sealed_csi::mounts::is_mount_point(&mount_dir));
+    assert!(
+        holder.client().list().expect("list").is_empty(),
+        "the holder let go of the fd"
+    );
+    eprintln!(
+        "{} reads ok through SIGKILL, SIGTERM and a holder restart; none failed",
+        counters.oks()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_holder_a_plugin_crash_breaks_running_reads() {
+    if !can_mount() {
+        eprintln!("SKIPPED: needs root and /dev/fuse to mount FUSE");
+        return;
+    }
+    // The control for the test above: the same reader fails when nobody keeps the fd.
+    let store = store_with_version("restart_without_holder").await;
+    let plugin = Plugin::start(&store.url, &[]);
+    let target = plugin.dir.path().join("pods/a/volume");
+    let mut client = NodeClient::new(plugin.channel().await);
+    client
+        .node_publish_volume(publish_req("vol", &target, &store.digest.to_string()))
+        .await
+        .expect("publish");
+    let expected = sha256_hex(&store.source.join("sub/weights.bin"));
+    let counters = Arc::new(Counters::default());
+    let reader = spawn_reader(target.join("sub/weights.bin"), &expected, counters.clone());
+    wait_for_reads(&counters, 5, "before the crash");
+    let home = plugin.crash();
+    let started = Instant::now();
+    while counters.failures().is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "reads went on without a server: the control does not control"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(reader);
+    let failures = counters.failures();
+    assert!(
+        failures[0].contains("not connected") || failures[0].contains("aborted"),
+        "reads of a mount whose server died fail with ENOTCONN/ECONNABORTED: {failures:?}"
+    );
+    // The restarted plugin detaches the dead mount, as before.
+    let plugin = Plugin::start_in(home, &store.url, &[]);
+    drop(plugin);
+}
