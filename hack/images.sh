@@ -9,7 +9,8 @@
 #                       files (DEST defaults to /basename of SRC); imported if the cluster runs.
 #                       A dynamically linked binary gets its loader and libraries (from ldd).
 #   hack/images.sh sealed [operator] [csi]           sealed.local/sealed-operator:dev and
-#                       sealed.local/sealed-csi:dev (default both) from the cargo-built binaries,
+#                       sealed.local/sealed-csi:dev (with sealed-fd-holder; default both) from the
+#                       cargo-built binaries,
 #                       with their glibc and the host's CA certificates; imported if the cluster runs.
 #                       Env: SEALED_IMAGE_TAG (dev), SEALED_OPERATOR_BIN, SEALED_CSI_BIN (default
 #                       $CARGO_TARGET_DIR/debug/<name>, else target/debug/<name>). Build them first:
@@ -173,7 +174,14 @@ cmd_sealed() {
     esac
     bin=${!var:-$target/debug/sealed-$c}
     [[ -f $bin ]] || die "no $bin: run 'cargo build -p sealed-$c' first (or set $var)"
-    cmd_binary "sealed.local/sealed-$c:$tag" "$bin" "$ca:$ca"
+    local extra=()
+    if [[ $c == csi ]]; then
+      # The fd holder (restart safety) ships in the plugin's image; it links the same libc.
+      local holder=${SEALED_FD_HOLDER_BIN:-$(dirname "$bin")/sealed-fd-holder}
+      [[ -f $holder ]] || die "no $holder: run 'cargo build -p sealed-csi' first (or set SEALED_FD_HOLDER_BIN)"
+      extra+=("$holder:/sealed-fd-holder")
+    fi
+    cmd_binary "sealed.local/sealed-$c:$tag" "$bin" "$ca:$ca" "${extra[@]}"
   done
 }
 

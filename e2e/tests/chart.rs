@@ -189,8 +189,26 @@ fn one<T: serde::de::DeserializeOwned>(docs: &[Value], kind: &str) -> Result<T> 
     serde_json::from_value(found[0].clone()).with_context(|| format!("the {kind} does not parse"))
 }
 
+/// The DaemonSet of `component` (`node`: the plugin, `fd-holder`).
+fn daemonset_of(docs: &[Value], component: &str) -> Result<Option<DaemonSet>> {
+    let found: Vec<&Value> = of_kind(docs, "DaemonSet")
+        .into_iter()
+        .filter(|d| d["metadata"]["labels"]["app.kubernetes.io/component"] == component)
+        .collect();
+    match found.as_slice() {
+        [] => Ok(None),
+        [one] => Ok(Some(serde_json::from_value((*one).clone())?)),
+        more => bail!("{} DaemonSets of component {component}", more.len()),
+    }
+}
+
+/// The node plugin's DaemonSet.
 fn daemonset(docs: &[Value]) -> Result<DaemonSet> {
-    one(docs, "DaemonSet")
+    daemonset_of(docs, "node")?.context("no node plugin DaemonSet")
+}
+
+fn holder_daemonset(docs: &[Value]) -> Result<DaemonSet> {
+    daemonset_of(docs, "fd-holder")?.context("no fd-holder DaemonSet")
 }
 
 fn pod_spec(ds: &DaemonSet) -> &PodSpec {
@@ -522,8 +540,9 @@ fn only_the_plugin_container_is_privileged() -> Result<()> {
             .as_ref()
             .and_then(|s| s.template.spec.as_ref())
             .context("the Deployment has no pod spec")?;
+        let holder = holder_daemonset(&docs)?;
         let mut privileged = vec![];
-        for spec in [pod_spec(&ds), operator_pod] {
+        for spec in [pod_spec(&ds), operator_pod, pod_spec(&holder)] {
             for c in spec
                 .containers
                 .iter()
@@ -645,12 +664,56 @@ fn node_plugin_mounts_and_flags_follow_the_values() -> Result<()> {
         "/var/lib/kubelet/plugins/csi.sealedvolumes.io",
         "/dev/fuse",
         "/var/lib/sealed-volumes/cache",
+        "/var/lib/sealed-volumes/fd-holder",
     ] {
         assert!(
             host_paths.contains(want),
             "no hostPath {want}: {host_paths:?}"
         );
     }
+
+    // Restart safety: the plugin talks to the holder on the socket the holder serves, in a
+    // host directory both mount; the holder survives `helm upgrade` (OnDelete) and keeps off
+    // the same GPU nodes as the plugin.
+    let holder = holder_daemonset(&docs)?;
+    let holder_spec = pod_spec(&holder);
+    let holder_c = container(holder_spec, "fd-holder");
+    let socket = flag(plugin, "--fd-holder").context("the plugin gets --fd-holder")?;
+    assert_eq!(flag(holder_c, "--socket"), Some(socket.clone()));
+    let dir_of = |spec: &PodSpec, c: &Container| -> Option<String> {
+        let parent = Path::new(&socket).parent()?.to_str()?.to_string();
+        let m = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.mount_path == parent)?;
+        let v = spec.volumes.iter().flatten().find(|v| v.name == m.name)?;
+        Some(v.host_path.as_ref()?.path.clone())
+    };
+    assert_eq!(
+        dir_of(spec, plugin).as_deref(),
+        Some("/var/lib/sealed-volumes/fd-holder")
+    );
+    assert_eq!(dir_of(spec, plugin), dir_of(holder_spec, holder_c));
+    assert_eq!(
+        holder
+            .spec
+            .as_ref()
+            .and_then(|s| s.update_strategy.as_ref())
+            .and_then(|u| u.type_.as_deref()),
+        Some("OnDelete")
+    );
+    assert_eq!(gpu_exclusions(&holder), gpu_exclusions(&ds));
+    assert_eq!(holder_spec.automount_service_account_token, Some(false));
+    let docs = render(&helm, &["node.fdHolder.enabled=false"])?;
+    assert!(daemonset_of(&docs, "fd-holder")?.is_none());
+    assert_eq!(
+        flag(
+            container(pod_spec(&daemonset(&docs)?), "plugin"),
+            "--fd-holder"
+        ),
+        None
+    );
 
     // Store credentials: a chart-made Secret reaches both containers; an existing one too.
     let docs = render(
@@ -863,7 +926,12 @@ fn the_binaries_accept_the_flags_the_chart_passes() -> Result<()> {
             .map(|s| s.containers[0].clone())
             .context("no operator container")?;
         let plugin = container(pod_spec(&daemonset(&docs)?), "plugin").clone();
-        for (c, name) in [(operator, "sealed-operator"), (plugin, "sealed-csi")] {
+        let holder = container(pod_spec(&holder_daemonset(&docs)?), "fd-holder").clone();
+        for (c, name) in [
+            (operator, "sealed-operator"),
+            (plugin, "sealed-csi"),
+            (holder, "sealed-fd-holder"),
+        ] {
             let Some(bin) = built_binary(name) else {
                 let _ = writeln!(
                     std::io::stderr(),
