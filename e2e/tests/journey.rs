@@ -22,9 +22,9 @@
 //!    `sealed restore` does) makes the operator re-import the version, and a pod reads v1;
 //! 7. labelling the node `nvidia.com/gpu.product=NVIDIA-L4` takes the node plugin away
 //!    (desiredNumberScheduled 0); removing the label brings it back;
-//! 8. `helm upgrade` rolls the node plugin while a pod reads: the new plugin gets ready and
-//!    a new pod reads correct bytes; what the running pod saw is printed, and its broken
-//!    reads are reported as a KNOWN GAP (restart safety, docs/csi.md), not a failure.
+//! 8. `helm upgrade` rolls the node plugin while a pod reads: the new plugin gets ready, the
+//!    running pod's reads all return correct bytes (none fails) because the fd holder kept
+//!    the FUSE fd and the new plugin resumed the mount, and a new pod reads correct bytes.
 //!
 //! Cleanup runs whatever happens (the steps run in a spawned task, so a panic is caught):
 //! pods and versions go while the plugin and operator still run, then `helm uninstall`,
@@ -711,8 +711,28 @@ impl Journey {
             .items)
     }
 
+    /// Whether the log of a current node plugin pod contains `needle`.
+    async fn plugin_log_contains(&self, needle: &str) -> Result<bool> {
+        let pods = Api::<Pod>::namespaced(self.client(), &self.release_ns);
+        for pod in self.plugin_pods().await? {
+            let params = LogParams {
+                container: Some("plugin".into()),
+                ..LogParams::default()
+            };
+            let log = pods.logs(&pod.name_any(), &params).await?;
+            if log.contains(needle) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     async fn daemonset_ready(&self) -> Result<bool> {
-        let ds = self.daemonsets().get(&format!("{RELEASE}-node")).await?;
+        self.named_daemonset_ready(&format!("{RELEASE}-node")).await
+    }
+
+    async fn named_daemonset_ready(&self, name: &str) -> Result<bool> {
+        let ds = self.daemonsets().get(name).await?;
         let generation = ds.metadata.generation;
         let Some(s) = ds.status else {
             return Ok(false);
@@ -987,6 +1007,16 @@ async fn install(j: &Journey, operator_bin: &Path, csi_bin: &Path) -> Result<()>
     .await?;
     say("operator Deployment ready");
     j.wait_plugin_ready("install").await?;
+    let holder = format!("{RELEASE}-fd-holder");
+    wait_for(
+        &format!("DaemonSet {holder} ready"),
+        Duration::from_secs(120),
+        || j.named_daemonset_ready(&holder),
+    )
+    .await?;
+    say(format!(
+        "fd holder DaemonSet {holder} ready (restart safety, updateStrategy OnDelete)"
+    ));
     let driver = Api::<CSIDriver>::all(j.client()).get(DRIVER).await?;
     ensure!(
         driver.spec.pod_info_on_mount == Some(true),
@@ -1348,16 +1378,23 @@ async fn upgrade(j: &Journey, v1: &Digest, v2: &Digest) -> Result<()> {
     let last_ok = after
         .last()
         .is_some_and(|l| l.ends_with(&format!(" ok {total}")));
-    if failed.is_empty() && last_ok {
-        say("the running pod kept reading correct bytes through the plugin upgrade");
-    } else {
-        say(format!(
-            "KNOWN GAP: reads of a running pod break when the node plugin restarts (restart \
-             safety, FUSE fd handover, is not built: docs/csi.md); first failure: {:?}; the pod \
-             must be recreated",
-            failed.first()
-        ));
-    }
+    ensure!(
+        failed.is_empty() && ok >= 1 && last_ok,
+        "the running pod's reads broke when the node plugin was upgraded (restart safety: the \
+         fd holder keeps the FUSE fd, the new plugin resumes the mount); first failure: {:?}, \
+         last read: {:?}",
+        failed.first(),
+        after.last()
+    );
+    let resumed = j.plugin_log_contains("resumed=true").await?;
+    ensure!(
+        resumed,
+        "the new plugin did not log resuming the mount (\"mounted ... resumed=true\")"
+    );
+    say(format!(
+        "the running pod kept reading correct bytes through the plugin upgrade ({ok} reads \
+         after it, none failed); the new plugin resumed the FUSE mount from the fd holder"
+    ));
     let sums = j.read_once("after-upgrade", by_digest(v2)).await?;
     ensure!(sums == want, "pod after-upgrade read other bytes than v2's");
     say("a new pod after the upgrade reads v2's bytes");
