@@ -22,7 +22,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use common::{Plugin, TestStore, can_mount, store_with_version};
+use common::{FdHolder, Plugin, TestStore, can_mount, store_with_version};
 use k8s_openapi::api::core::v1::{Event, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
 use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
@@ -342,9 +342,13 @@ async fn run(
     let metrics_addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let kubelet_dir =
         std::env::var("SEALED_KUBELET_DIR").unwrap_or_else(|_| "/var/lib/kubelet".into());
+    // Restart safety: the holder keeps the FUSE fds while the plugin is killed (step 5).
+    let holder_dir = tempfile::tempdir()?;
+    let holder = FdHolder::start(&holder_dir.path().join("fd-holder.sock"));
     let extra = [
         format!("--kubelet-dir={kubelet_dir}"),
         format!("--metrics-addr={metrics_addr}"),
+        format!("--fd-holder={}", holder.socket.display()),
     ];
     let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
     *slot = Some(Plugin::start_api(
@@ -508,7 +512,8 @@ async fn with_plugin(
         "after deleting reader-b: want 1 FUSE mount + 1 bind, got {fuse} + {binds}"
     );
 
-    // 5. The plugin dies (SIGKILL) while reader-a reads once a second, and comes back.
+    // 5. The plugin dies (SIGKILL) while reader-a reads once a second, and comes back: the
+    // pod's reads pause while it is dead and go on after the restart, none failing.
     let log_before = pod_log(&pods, "reader-a").await;
     let reads_before = log_before.matches(" ok").count();
     let home = slot.take().context("no plugin")?.crash();
@@ -542,6 +547,13 @@ async fn with_plugin(
         after_kill.matches(" failed").count(),
         after_restart.matches(" ok").count(),
         after_restart.matches(" failed").count(),
+    );
+    let failed = after_kill.matches(" failed").count() + after_restart.matches(" failed").count();
+    ensure!(
+        failed == 0 && after_restart.matches(" ok").count() >= 1,
+        "reader-a's reads broke across the plugin restart (the fd holder keeps the FUSE fd, \
+         the restarted plugin resumes the mount):\n{after_kill}{after_restart}\nplugin log:\n{}",
+        plugin.log()
     );
 
     // 6. Deleting the last pod (unpublished by the restarted plugin) leaves nothing mounted.

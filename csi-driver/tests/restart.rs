@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Plugin, can_mount, store_with_version};
+use common::{FdHolder, Plugin, can_mount, store_with_version};
 use sealed_csi::csi::node_client::NodeClient;
 use sealed_csi::csi::volume_capability::access_mode::Mode;
 use sealed_csi::csi::volume_capability::{AccessMode, AccessType, MountVolume};
@@ -20,7 +20,6 @@ use sealed_csi::csi::{
     NodeGetVolumeStatsRequest, NodePublishVolumeRequest, NodeUnpublishVolumeRequest,
     VolumeCapability,
 };
-use sealed_csi::fd_holder::HolderClient;
 
 /// What the reader threads saw.
 #[derive(Default)]
@@ -46,47 +45,6 @@ impl Counters {
     }
     fn slowest(&self) -> Duration {
         self.inner.lock().unwrap().2
-    }
-}
-
-/// The holder binary on its own socket.
-struct FdHolder {
-    child: Child,
-    socket: PathBuf,
-}
-
-impl FdHolder {
-    fn start(socket: &Path) -> FdHolder {
-        let _ = std::fs::remove_file(socket);
-        let child = Command::new(env!("CARGO_BIN_EXE_sealed-fd-holder"))
-            .arg(format!("--socket={}", socket.display()))
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start sealed-fd-holder");
-        let started = Instant::now();
-        while !socket.exists() {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "no holder socket"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        FdHolder {
-            child,
-            socket: socket.to_path_buf(),
-        }
-    }
-
-    fn client(&self) -> HolderClient {
-        HolderClient::new(&self.socket)
-    }
-}
-
-impl Drop for FdHolder {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -31,6 +31,8 @@ fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: container logs and files stay plain, greppable text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let listener = listen_at(&args.socket)?;
     tracing::info!(socket = %args.socket.display(), "holding FUSE fds for the node plugin");

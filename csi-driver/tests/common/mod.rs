@@ -234,6 +234,47 @@ impl Plugin {
     }
 }
 
+/// The holder binary on its own socket.
+pub struct FdHolder {
+    child: Child,
+    pub socket: PathBuf,
+}
+
+impl FdHolder {
+    pub fn start(socket: &Path) -> FdHolder {
+        let _ = std::fs::remove_file(socket);
+        let child = Command::new(env!("CARGO_BIN_EXE_sealed-fd-holder"))
+            .arg(format!("--socket={}", socket.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start sealed-fd-holder");
+        let started = Instant::now();
+        while !socket.exists() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "no holder socket"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        FdHolder {
+            child,
+            socket: socket.to_path_buf(),
+        }
+    }
+
+    pub fn client(&self) -> sealed_csi::fd_holder::HolderClient {
+        sealed_csi::fd_holder::HolderClient::new(&self.socket)
+    }
+}
+
+impl Drop for FdHolder {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 pub async fn connect(socket: &Path) -> Channel {
     let socket = socket.to_path_buf();
     Endpoint::try_from("http://[::]:50051")
