@@ -32,6 +32,8 @@ pub struct Metrics {
     publish_seconds: HistogramVec,
     publish_errors: IntCounterVec,
     unpublish_errors: IntCounterVec,
+    mounts_resumed: IntCounter,
+    mounts_unprotected: IntGauge,
 }
 
 const PUBLISH_BUCKETS: &[f64] = &[
@@ -72,6 +74,16 @@ impl Metrics {
             ),
             &["code"],
         )?;
+        let mounts_resumed = IntCounter::new(
+            "sealed_csi_mounts_resumed_total",
+            "FUSE mounts of an earlier run of the plugin served again from the fd holder",
+        )?;
+        let mounts_unprotected = IntGauge::new(
+            "sealed_csi_mounts_unprotected",
+            "FUSE mounts whose fd the fd holder does not have: a plugin restart would break them",
+        )?;
+        registry.register(Box::new(mounts_resumed.clone()))?;
+        registry.register(Box::new(mounts_unprotected.clone()))?;
         registry.register(Box::new(fuse_mounts.clone()))?;
         registry.register(Box::new(published_volumes.clone()))?;
         registry.register(Box::new(publish_seconds.clone()))?;
@@ -85,7 +97,19 @@ impl Metrics {
             publish_seconds,
             publish_errors,
             unpublish_errors,
+            mounts_resumed,
+            mounts_unprotected,
         })
+    }
+
+    pub fn add_resumed(&self, n: usize) {
+        self.mounts_resumed
+            .inc_by(u64::try_from(n).unwrap_or(u64::MAX));
+    }
+
+    pub fn set_unprotected(&self, n: usize) {
+        self.mounts_unprotected
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     pub fn set_counts(&self, fuse_mounts: usize, published: usize) {

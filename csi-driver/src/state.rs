@@ -263,6 +263,7 @@ impl Driver {
         report.detached = self.clean_stale_except(&keep)?;
         self.metrics
             .set_counts(mounts.versions.len(), mounts.targets.len());
+        self.metrics.add_resumed(report.resumed);
         tracing::info!(
             resumed = report.resumed,
             targets = report.targets,
@@ -357,7 +358,8 @@ impl Driver {
         }
     }
 
-    /// Puts every mount's fd with the holder again, if it lost them (it restarted).
+    /// Puts every mount's fd with the holder again, if it lost them (it restarted), and
+    /// counts the mounts it still does not have.
     pub async fn refresh_holder(&self) {
         let Some(holder) = self.holder.clone() else {
             return;
@@ -366,24 +368,31 @@ impl Driver {
             let holder = holder.clone();
             tokio::task::spawn_blocking(move || holder.list()).await
         };
-        let Ok(Ok(held)) = listed else {
-            return;
-        };
-        let held: BTreeSet<String> = held.into_iter().map(|h| h.key).collect();
         let mounts = self.mounts.lock().await;
+        let held: BTreeSet<String> = match listed {
+            Ok(Ok(held)) => held.into_iter().map(|h| h.key).collect(),
+            _ => {
+                self.metrics.set_unprotected(mounts.versions.len());
+                return;
+            }
+        };
+        let mut unprotected = 0;
         for (digest, version) in &mounts.versions {
             let key = version.handle.mountpoint().display().to_string();
             if !held.contains(&key) {
                 tracing::info!(%digest, "fd holder lost a mount's fd; putting it back");
-                self.hold(&version.handle, digest);
+                if !self.hold(&version.handle, digest) {
+                    unprotected += 1;
+                }
             }
         }
+        self.metrics.set_unprotected(unprotected);
     }
 
-    /// Hands the holder a duplicate of the mount's FUSE fd.
-    fn hold(&self, handle: &MountHandle, digest: &Digest) {
+    /// Hands the holder a duplicate of the mount's FUSE fd; false when it could not.
+    fn hold(&self, handle: &MountHandle, digest: &Digest) -> bool {
         let Some(holder) = &self.holder else {
-            return;
+            return false;
         };
         let key = handle.mountpoint().display().to_string();
         let result = handle.fuse_fd().map_err(|e| e.to_string()).and_then(|fd| {
@@ -391,9 +400,13 @@ impl Driver {
                 .put(&key, &digest.to_string(), fd.as_fd())
                 .map_err(|e| e.to_string())
         });
-        if let Err(e) = result {
-            tracing::warn!(%digest, error = %e,
-                "the fd holder does not have this mount: a plugin restart would break it");
+        match result {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(%digest, error = %e,
+                    "the fd holder does not have this mount: a plugin restart would break it");
+                false
+            }
         }
     }
 
@@ -490,6 +503,8 @@ impl Driver {
         let mounted_here = !mounts.versions.contains_key(&req.digest);
         if mounted_here {
             let handle = self.mount_version(&req.digest).await?;
+            // Best effort: a mount the holder lacks is counted (and retried) by
+            // `refresh_holder`.
             self.hold(&handle, &req.digest);
             mounts.versions.insert(
                 req.digest,

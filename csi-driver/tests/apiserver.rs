@@ -27,9 +27,7 @@ use sealed_crds::{
     Retention, SealedVolume, SealedVolumeSpec, SealedVolumeVersion, SealedVolumeVersionSpec, Source,
 };
 use sealed_csi::csi::node_client::NodeClient;
-use sealed_csi::csi::volume_capability::access_mode::Mode;
-use sealed_csi::csi::volume_capability::{AccessMode, AccessType, MountVolume};
-use sealed_csi::csi::{NodePublishVolumeRequest, NodeUnpublishVolumeRequest, VolumeCapability};
+use sealed_csi::csi::{NodePublishVolumeRequest, NodeUnpublishVolumeRequest};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -59,19 +57,7 @@ fn publish_req(
     ] {
         context.insert(k.into(), v.into());
     }
-    NodePublishVolumeRequest {
-        volume_id: format!("csi-{pod}"),
-        target_path: target.display().to_string(),
-        volume_capability: Some(VolumeCapability {
-            access_mode: Some(AccessMode {
-                mode: Mode::SingleNodeWriter as i32,
-            }),
-            access_type: Some(AccessType::Mount(MountVolume::default())),
-        }),
-        readonly: true,
-        volume_context: context,
-        ..Default::default()
-    }
+    common::publish_request(&format!("csi-{pod}"), target, context)
 }
 
 async fn expect_code(

@@ -211,27 +211,7 @@ async fn csinode_has_driver(client: &Client, node: &str) -> Result<bool> {
 }
 
 fn scrape(addr: SocketAddr) -> String {
-    use std::io::{Read as _, Write as _};
-    let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
-        return String::new();
-    };
-    let _ = write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    );
-    let mut page = String::new();
-    let _ = stream.read_to_string(&mut page);
-    page
-}
-
-fn sample(page: &str, key: &str) -> Option<f64> {
-    page.lines().find_map(|line| {
-        line.strip_prefix(key)?
-            .strip_prefix(' ')?
-            .trim()
-            .parse()
-            .ok()
-    })
+    common::http_get(addr, "/metrics").1
 }
 
 /// The CSIDriver the chart installs; created when absent (and deleted at the end).
@@ -422,8 +402,8 @@ async fn with_plugin(
     );
     let page = scrape(metrics_addr);
     ensure!(
-        sample(&page, "sealed_csi_fuse_mounts") == Some(1.0)
-            && sample(&page, "sealed_csi_published_volumes") == Some(2.0),
+        common::sample(&page, "sealed_csi_fuse_mounts") == Some(1.0)
+            && common::sample(&page, "sealed_csi_published_volumes") == Some(2.0),
         "metrics disagree with the mounts:\n{page}"
     );
 
@@ -495,7 +475,7 @@ async fn with_plugin(
         "intruder pod is {phase:?}"
     );
     ensure!(
-        sample(
+        common::sample(
             &scrape(metrics_addr),
             r#"sealed_csi_publish_errors_total{code="PermissionDenied"}"#
         )

@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -14,12 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::{FdHolder, Plugin, can_mount, store_with_version};
 use sealed_csi::csi::node_client::NodeClient;
-use sealed_csi::csi::volume_capability::access_mode::Mode;
-use sealed_csi::csi::volume_capability::{AccessMode, AccessType, MountVolume};
-use sealed_csi::csi::{
-    NodeGetVolumeStatsRequest, NodePublishVolumeRequest, NodeUnpublishVolumeRequest,
-    VolumeCapability,
-};
+use sealed_csi::csi::{NodeGetVolumeStatsRequest, NodeUnpublishVolumeRequest};
 
 /// What the reader threads saw.
 #[derive(Default)]
@@ -45,22 +39,6 @@ impl Counters {
     }
     fn slowest(&self) -> Duration {
         self.inner.lock().unwrap().2
-    }
-}
-
-fn publish_req(volume_id: &str, target: &Path, digest: &str) -> NodePublishVolumeRequest {
-    NodePublishVolumeRequest {
-        volume_id: volume_id.into(),
-        target_path: target.display().to_string(),
-        volume_capability: Some(VolumeCapability {
-            access_mode: Some(AccessMode {
-                mode: Mode::SingleNodeWriter as i32,
-            }),
-            access_type: Some(AccessType::Mount(MountVolume::default())),
-        }),
-        readonly: true,
-        volume_context: HashMap::from([("digest".to_string(), digest.to_string())]),
-        ..Default::default()
     }
 }
 
@@ -176,7 +154,14 @@ async fn pods_keep_reading_through_plugin_kill_upgrade_and_holder_restart() {
     let holder_socket = holder_dir.path().join("fd-holder.sock");
     let mut holder = FdHolder::start(&holder_socket);
     let holder_arg = format!("--fd-holder={}", holder_socket.display());
-    let plugin = Plugin::start(&store.url, &[&holder_arg]);
+    let metrics_addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let metrics_arg = format!("--metrics-addr={metrics_addr}");
+    let metric = |name: &str| common::sample(&common::http_get(metrics_addr, "/metrics").1, name);
+    let args = [holder_arg.as_str(), metrics_arg.as_str()];
+    let plugin = Plugin::start(&store.url, &args);
     let targets = [
         plugin.dir.path().join("pods/a/volume"),
         plugin.dir.path().join("pods/b/volume"),
@@ -185,7 +170,7 @@ async fn pods_keep_reading_through_plugin_kill_upgrade_and_holder_restart() {
     let mut client = NodeClient::new(plugin.channel().await);
     for (i, target) in targets.iter().enumerate() {
         client
-            .node_publish_volume(publish_req(&format!("vol-{i}"), target, &digest))
+            .node_publish_volume(common::publish_digest(&format!("vol-{i}"), target, &digest))
             .await
             .expect("publish");
     }
@@ -205,7 +190,7 @@ async fn pods_keep_reading_through_plugin_kill_upgrade_and_holder_restart() {
     let before = counters.oks();
     let home = plugin.crash();
     std::thread::sleep(Duration::from_secs(1));
-    let plugin = Plugin::start_in(home, &store.url, &[&holder_arg]);
+    let plugin = Plugin::start_in(home, &store.url, &args);
     wait_for_reads(&counters, before + 20, "after SIGKILL and restart");
     let slowest = counters.slowest();
     eprintln!(
@@ -213,6 +198,9 @@ async fn pods_keep_reading_through_plugin_kill_upgrade_and_holder_restart() {
         counters.oks(),
         slowest.as_secs_f64()
     );
+
+    assert_eq!(metric("sealed_csi_mounts_resumed_total"), Some(1.0));
+    assert_eq!(metric("sealed_csi_published_volumes"), Some(2.0));
 
     // The restarted plugin knows the targets it did not publish itself.
     let mut client = NodeClient::new(plugin.channel().await);
@@ -237,7 +225,7 @@ async fn pods_keep_reading_through_plugin_kill_upgrade_and_holder_restart() {
             .contains("leaving the FUSE mounts to the fd holder"),
         "a stopping plugin hands its mounts on"
     );
-    let plugin = Plugin::start_in(home, &store.url, &[&holder_arg]);
+    let plugin = Plugin::start_in(home, &store.url, &args);
     wait_for_reads(&counters, before + 20, "after SIGTERM and restart");
 
     // 3. The holder restarts while the plugin runs: the plugin gives it the fds again
@@ -252,9 +240,18 @@ async fn pods_keep_reading_through_plugin_kill_upgrade_and_holder_restart() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    // The gauge is set just after the put, so give it a moment.
+    while metric("sealed_csi_mounts_unprotected") != Some(0.0) {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "sealed_csi_mounts_unprotected is {:?}",
+            metric("sealed_csi_mounts_unprotected")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let before = counters.oks();
     let home = plugin.crash();
-    let plugin = Plugin::start_in(home, &store.url, &[&holder_arg]);
+    let plugin = Plugin::start_in(home, &store.url, &args);
     wait_for_reads(
         &counters,
         before + 20,
@@ -304,7 +301,11 @@ async fn without_the_holder_a_plugin_crash_breaks_running_reads() {
     let target = plugin.dir.path().join("pods/a/volume");
     let mut client = NodeClient::new(plugin.channel().await);
     client
-        .node_publish_volume(publish_req("vol", &target, &store.digest.to_string()))
+        .node_publish_volume(common::publish_digest(
+            "vol",
+            &target,
+            &store.digest.to_string(),
+        ))
         .await
         .expect("publish");
     let expected = sha256_hex(&store.source.join("sub/weights.bin"));

@@ -9,6 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hyper_util::rt::TokioIo;
+use sealed_csi::csi::volume_capability::access_mode::Mode;
+use sealed_csi::csi::volume_capability::{AccessMode, AccessType, MountVolume};
+use sealed_csi::csi::{NodePublishVolumeRequest, VolumeCapability};
 use sealed_store::push::{PushOptions, push};
 use sealed_store::{ChunkStore, Digest, NoProgress, StoreOptions};
 use tempfile::TempDir;
@@ -273,6 +276,77 @@ impl Drop for FdHolder {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A read-only publish of a mount volume, as kubelet sends it for an inline volume
+/// (`SINGLE_NODE_WRITER` + `readonly`), with `context` as its volume attributes.
+pub fn publish_request(
+    volume_id: &str,
+    target: &Path,
+    context: std::collections::HashMap<String, String>,
+) -> NodePublishVolumeRequest {
+    NodePublishVolumeRequest {
+        volume_id: volume_id.into(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(VolumeCapability {
+            access_mode: Some(AccessMode {
+                mode: Mode::SingleNodeWriter as i32,
+            }),
+            access_type: Some(AccessType::Mount(MountVolume::default())),
+        }),
+        readonly: true,
+        volume_context: context,
+        ..Default::default()
+    }
+}
+
+/// [`publish_request`] of `digest`.
+pub fn publish_digest(volume_id: &str, target: &Path, digest: &str) -> NodePublishVolumeRequest {
+    let context = std::collections::HashMap::from([("digest".to_string(), digest.to_string())]);
+    publish_request(volume_id, target, context)
+}
+
+/// A plain HTTP/1.1 GET: status and body.
+pub fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    let started = Instant::now();
+    let mut stream = loop {
+        match std::net::TcpStream::connect(addr) {
+            Ok(s) => break s,
+            Err(e) if started.elapsed() < Duration::from_secs(10) => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("cannot connect to {addr}: {e}"),
+        }
+    };
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    std::io::Write::write_all(&mut stream, request.as_bytes()).unwrap();
+    let mut response = String::new();
+    std::io::Read::read_to_string(&mut stream, &mut response).unwrap();
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The value of the sample `key` (`name` or `name{labels}`) in a Prometheus text page.
+pub fn sample(page: &str, key: &str) -> Option<f64> {
+    page.lines().find_map(|line| {
+        line.strip_prefix(key)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
 }
 
 pub async fn connect(socket: &Path) -> Channel {
