@@ -262,6 +262,10 @@ async fn main() -> anyhow::Result<()> {
             mounts = kept,
             "leaving the FUSE mounts to the fd holder for the next plugin"
         );
+        // Exit without unwinding: dropping the runtime would drop the reads still in flight,
+        // and fuser answers a dropped reply with EIO. Unanswered, the kernel keeps them for
+        // the next plugin, which has them sent again.
+        std::process::exit(0);
     }
     Ok(())
 }

@@ -381,7 +381,7 @@ impl Driver {
             let key = version.handle.mountpoint().display().to_string();
             if !held.contains(&key) {
                 tracing::info!(%digest, "fd holder lost a mount's fd; putting it back");
-                if !self.hold(&version.handle, digest) {
+                if !self.hold(&version.handle, digest).await {
                     unprotected += 1;
                 }
             }
@@ -390,16 +390,22 @@ impl Driver {
     }
 
     /// Hands the holder a duplicate of the mount's FUSE fd; false when it could not.
-    fn hold(&self, handle: &MountHandle, digest: &Digest) -> bool {
-        let Some(holder) = &self.holder else {
+    async fn hold(&self, handle: &MountHandle, digest: &Digest) -> bool {
+        let Some(holder) = self.holder.clone() else {
             return false;
         };
         let key = handle.mountpoint().display().to_string();
-        let result = handle.fuse_fd().map_err(|e| e.to_string()).and_then(|fd| {
-            holder
-                .put(&key, &digest.to_string(), fd.as_fd())
-                .map_err(|e| e.to_string())
-        });
+        let digest_text = digest.to_string();
+        let result = match handle.fuse_fd() {
+            Ok(fd) => tokio::task::spawn_blocking(move || {
+                holder
+                    .put(&key, &digest_text, fd.as_fd())
+                    .map_err(|e| e.to_string())
+            })
+            .await
+            .unwrap_or_else(|e| Err(e.to_string())),
+            Err(e) => Err(e.to_string()),
+        };
         match result {
             Ok(()) => true,
             Err(e) => {
@@ -505,7 +511,7 @@ impl Driver {
             let handle = self.mount_version(&req.digest).await?;
             // Best effort: a mount the holder lacks is counted (and retried) by
             // `refresh_holder`.
-            self.hold(&handle, &req.digest);
+            self.hold(&handle, &req.digest).await;
             mounts.versions.insert(
                 req.digest,
                 VersionMount {
@@ -518,6 +524,9 @@ impl Driver {
             .handle
             .mountpoint()
             .to_path_buf();
+        // Written down before the bind, so that a crash right after it cannot leave a target
+        // a restarted plugin does not know (a record without a mount is dropped at start).
+        self.write_record(&req.target, &req.volume_id, &req.digest);
         let target = req.target.clone();
         let bound =
             tokio::task::spawn_blocking(move || mounts::bind_read_only(&source, &target)).await;
@@ -530,6 +539,7 @@ impl Driver {
             )),
         };
         if let Err(e) = bound {
+            self.remove_record(&req.target);
             if mounted_here && let Some(v) = mounts.versions.remove(&req.digest) {
                 self.unmount_version(req.digest, v.handle).await;
             }
@@ -541,7 +551,6 @@ impl Driver {
             .expect("mounted above")
             .targets
             .insert(req.target.clone());
-        self.write_record(&req.target, &req.volume_id, &req.digest);
         tracing::info!(
             volume_id = %req.volume_id,
             digest = %req.digest,

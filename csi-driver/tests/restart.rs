@@ -81,9 +81,17 @@ struct Reader {
 impl Drop for Reader {
     fn drop(&mut self) {
         let _ = self.child.kill();
-        let _ = self.child.wait();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        // A reader blocked on a FUSE request that no server will answer (a failed test)
+        // cannot die until the connection ends: do not wait for it for ever.
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                if let Some(t) = self.thread.take() {
+                    let _ = t.join();
+                }
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 }
@@ -324,7 +332,9 @@ async fn without_the_holder_a_plugin_crash_breaks_running_reads() {
     drop(reader);
     let failures = counters.failures();
     assert!(
-        failures[0].contains("not connected") || failures[0].contains("aborted"),
+        // ENOTCONN "Transport endpoint is not connected" or, for a request in flight,
+        // ECONNABORTED "Software caused connection abort".
+        failures[0].contains("not connected") || failures[0].contains("connection abort"),
         "reads of a mount whose server died fail with ENOTCONN/ECONNABORTED: {failures:?}"
     );
     // The restarted plugin detaches the dead mount, as before.
