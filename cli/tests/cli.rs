@@ -7,38 +7,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use assert_cmd::cargo::CommandCargoExt;
-
-struct Env {
-    dir: tempfile::TempDir,
-}
+mod common;
+use common::Env;
 
 impl Env {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir(dir.path().join("store")).unwrap();
-        Env { dir }
-    }
-    fn path(&self, rel: &str) -> PathBuf {
-        self.dir.path().join(rel)
-    }
-    fn store_url(&self) -> String {
-        format!("file://{}", self.path("store").display())
-    }
-    fn sealed(&self) -> Command {
-        let mut c = Command::cargo_bin("sealed").unwrap();
-        c.env("SEALED_STORE", self.store_url())
-            .env_remove("SEALED_LOG");
-        c
-    }
-    fn run(&self, args: &[&str]) -> (bool, String, String) {
-        let out = self.sealed().args(args).output().unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    }
     fn sample(&self) -> PathBuf {
         let d = self.path("model");
         std::fs::create_dir_all(d.join("sub")).unwrap();

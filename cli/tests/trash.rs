@@ -1,41 +1,10 @@
 //! `sealed rm`, `sealed restore`, `sealed trash ls` and `sealed gc` as users meet them, on a
 //! local directory store.
 
-use std::path::PathBuf;
-use std::process::Command;
-
-use assert_cmd::cargo::CommandCargoExt;
-
-struct Env {
-    dir: tempfile::TempDir,
-}
+mod common;
+use common::Env;
 
 impl Env {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir(dir.path().join("store")).unwrap();
-        Env { dir }
-    }
-    fn path(&self, rel: &str) -> PathBuf {
-        self.dir.path().join(rel)
-    }
-    fn run(&self, args: &[&str]) -> (bool, String, String) {
-        let out = Command::cargo_bin("sealed")
-            .unwrap()
-            .env(
-                "SEALED_STORE",
-                format!("file://{}", self.path("store").display()),
-            )
-            .env_remove("SEALED_LOG")
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    }
     fn ok(&self, args: &[&str]) -> String {
         let (ok, stdout, stderr) = self.run(args);
         assert!(ok, "sealed {args:?} failed: {stderr}");

@@ -148,7 +148,7 @@ async fn local_directory_store() {
 
 #[tokio::test]
 async fn s3_compatible_server() {
-    let Some(server) = start_moto("models") else {
+    let Some(server) = start_moto("models", false) else {
         return;
     };
     let store = moto_store(&server, "models", "team/prefix").await;
@@ -194,7 +194,7 @@ async fn azure_wrong_credentials_are_a_clear_error() {
 
 #[tokio::test]
 async fn s3_missing_bucket_is_a_clear_error() {
-    let Some(server) = start_moto("models") else {
+    let Some(server) = start_moto("models", false) else {
         return;
     };
     let opts = sealed_store::StoreOptions {

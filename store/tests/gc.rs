@@ -192,7 +192,7 @@ async fn trash_restore_round_trip_local() {
 
 #[tokio::test]
 async fn trash_restore_round_trip_moto() {
-    let Some(server) = start_moto("gc-round-trip") else {
+    let Some(server) = start_moto("gc-round-trip", false) else {
         return;
     };
     trash_restore_round_trip_on(&moto_store(&server, "gc-round-trip", "p").await).await;
@@ -268,7 +268,7 @@ async fn expired_trash_reclaimed_shared_chunks_stay_local() {
 
 #[tokio::test]
 async fn expired_trash_reclaimed_shared_chunks_stay_moto() {
-    let Some(server) = start_moto("gc-expired") else {
+    let Some(server) = start_moto("gc-expired", false) else {
         return;
     };
     expired_trash_reclaimed_on(&moto_store(&server, "gc-expired", "p").await).await;
@@ -675,7 +675,7 @@ async fn stress_concurrent_push_delete_gc_local() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn stress_concurrent_push_delete_gc_moto() {
-    let Some(server) = start_moto("gc-stress") else {
+    let Some(server) = start_moto("gc-stress", false) else {
         return;
     };
     let store = moto_store(&server, "gc-stress", "p").await;

@@ -2,13 +2,14 @@
 //! (moto's S3 server from PyPI, Azurite from npm), started on loopback ports.
 #![allow(dead_code)]
 
+mod servers;
+pub use servers::*;
+
 use std::fs;
-use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sealed_store::push::{PushOptions, PushReport, push};
 use sealed_store::{ChunkStore, NoProgress, StoreOptions};
@@ -107,149 +108,6 @@ pub async fn file_store(dir: &Path) -> ChunkStore {
     )
     .await
     .unwrap()
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn wait_for_port(port: u16, child: &mut Child, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return;
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("{what} exited early: {status}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("{what} did not listen on port {port} within 60s");
-}
-
-/// Whether a missing server binary fails the test (CI) or skips it (a laptop without it).
-fn require_servers() -> bool {
-    std::env::var("SEALED_REQUIRE_SERVERS").is_ok_and(|v| v == "1")
-}
-
-fn have(binary: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {binary}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// A server process that is killed when dropped.
-pub struct Server {
-    child: Child,
-    pub port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// moto's S3-compatible server with a fresh bucket; `None` (with a printed reason) when
-/// `moto_server` is not installed and SEALED_REQUIRE_SERVERS is not set.
-pub fn start_moto(bucket: &str) -> Option<Server> {
-    if !have("moto_server") {
-        assert!(
-            !require_servers(),
-            "moto_server not installed (pip install 'moto[server]')"
-        );
-        eprintln!(
-            "skipped: moto_server not installed (pip install 'moto[server]'); .ci/run installs it"
-        );
-        return None;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let mut child = Command::new("moto_server")
-        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_for_port(port, &mut child, "moto_server");
-    // moto does not check signatures, so a plain PUT creates the bucket.
-    let status = Command::new("curl")
-        .args([
-            "-sf",
-            "-X",
-            "PUT",
-            &format!("http://127.0.0.1:{port}/{bucket}"),
-        ])
-        .status()
-        .unwrap();
-    assert!(status.success(), "creating bucket {bucket} failed");
-    Some(Server {
-        child,
-        port,
-        _dir: dir,
-    })
-}
-
-pub const AZURITE_ACCOUNT: &str = "devstoreaccount1";
-pub const AZURITE_KEY: &str =
-    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
-
-/// Azurite's blob service with a fresh container.
-pub fn start_azurite(container: &str) -> Option<Server> {
-    if !have("azurite-blob") {
-        assert!(
-            !require_servers(),
-            "azurite-blob not installed (npm install -g azurite)"
-        );
-        eprintln!(
-            "skipped: azurite-blob not installed (npm install -g azurite); .ci/run installs it"
-        );
-        return None;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let mut child = Command::new("azurite-blob")
-        .args([
-            "--blobHost",
-            "127.0.0.1",
-            "--blobPort",
-            &port.to_string(),
-            "--silent",
-            "--skipApiVersionCheck",
-            "--disableTelemetry",
-            "--location",
-        ])
-        .arg(dir.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_for_port(port, &mut child, "azurite-blob");
-    let script = manifest_dir().join("../hack/azurite-container.py");
-    let status = Command::new("python3")
-        .arg(script)
-        .arg(azurite_endpoint(port))
-        .arg(container)
-        .status()
-        .unwrap();
-    assert!(status.success(), "creating container {container} failed");
-    Some(Server {
-        child,
-        port,
-        _dir: dir,
-    })
-}
-
-pub fn azurite_endpoint(port: u16) -> String {
-    format!("http://127.0.0.1:{port}/{AZURITE_ACCOUNT}")
 }
 
 pub fn manifest_dir() -> PathBuf {
