@@ -130,6 +130,11 @@ pub struct SealedVolumeVersionStatus {
     /// objects' ETags; empty for uploads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_revision: Option<String>,
+
+    /// The operator's proof that it made this version (see `sealed_crds::attestation`): the
+    /// node plugin mounts a digest only through a version whose attestation verifies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attestation: Option<String>,
 }
 
 impl SealedVolumeVersionStatus {

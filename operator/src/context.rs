@@ -5,6 +5,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use sealed_crds::attestation::AttestationKey;
 use sealed_store::ChunkStore;
 
 use crate::config::OperatorConfig;
@@ -22,6 +23,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub recorder: Recorder,
     pub executor: Executor,
+    /// Attests the versions the operator makes (`crate::attestation`).
+    pub attestation: AttestationKey,
 }
 
 /// Where syncs run (see [`crate::config::SyncExecutor`]).
@@ -37,6 +40,7 @@ impl Context {
         store: ChunkStore,
         metrics: Arc<Metrics>,
         executor: Executor,
+        attestation: AttestationKey,
     ) -> Self {
         let instance = std::env::var("POD_NAME").ok();
         let recorder = Recorder::new(
@@ -53,6 +57,7 @@ impl Context {
             metrics,
             recorder,
             executor,
+            attestation,
         }
     }
 

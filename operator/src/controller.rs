@@ -35,16 +35,20 @@ pub async fn run(
             Executor::Job(Box::new(JobExecutor::new(client.clone(), config.clone())))
         }
     };
+    let attestation =
+        crate::attestation::ensure_key(&client, &config.namespace, &config.attestation_secret)
+            .await?;
     let ctx = Arc::new(Context::new(
         client.clone(),
         config.clone(),
         store,
         metrics,
         executor,
+        attestation,
     ));
 
     let (volumes, versions): (Api<SealedVolume>, Api<SealedVolumeVersion>) =
-        match &config.watch_namespace {
+        match config.single_watch_namespace() {
             Some(ns) => (
                 Api::namespaced(client.clone(), ns),
                 Api::namespaced(client.clone(), ns),

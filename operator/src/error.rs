@@ -16,6 +16,10 @@ pub enum Error {
     #[error("sync Job {job}: {message}")]
     Job { job: String, message: String },
 
+    /// Not an error of anyone's: the thing waits (a version still mounted somewhere).
+    #[error("{object}: {message}")]
+    InUse { object: String, message: String },
+
     #[error("finalizer of {object}: {message}")]
     Finalizer { object: String, message: String },
 }

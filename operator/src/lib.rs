@@ -1,6 +1,7 @@
 //! The Sealed Volumes operator: reconcilers for `SealedVolume` and `SealedVolumeVersion`,
 //! syncs (inline or as Jobs), deletion to the store's trash, garbage collection, metrics.
 
+pub mod attestation;
 pub mod config;
 pub mod context;
 pub mod controller;
@@ -8,6 +9,7 @@ pub mod error;
 pub mod gc_loop;
 pub mod http;
 pub mod metrics;
+pub mod publications;
 pub mod source;
 pub mod source_adapter;
 pub mod sync;

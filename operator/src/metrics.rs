@@ -11,6 +11,9 @@ pub struct Metrics {
     pub sync_bytes_new: IntCounter,
     pub sync_bytes_reused: IntCounter,
     pub versions_trashed: IntCounter,
+    pub records_rejected: IntCounter,
+    pub versions_unattested: IntCounter,
+    pub trash_waits: IntCounter,
     pub gc_runs: IntCounterVec,
     pub gc_bytes_freed: IntCounter,
     pub gc_chunks_deleted: IntCounter,
@@ -61,6 +64,18 @@ impl Metrics {
             versions_trashed: counter(
                 "versions_trashed_total",
                 "Deleted versions moved to the trash",
+            ),
+            records_rejected: counter(
+                "records_rejected_total",
+                "Store volume records not imported because their proof did not hold",
+            ),
+            versions_unattested: counter(
+                "versions_unattested_total",
+                "SealedVolumeVersions found that the operator did not make (they authorize no mount)",
+            ),
+            trash_waits: counter(
+                "trash_waits_total",
+                "Times a deleted version's trashing waited for nodes still publishing it",
             ),
             gc_runs: vec(
                 "gc_runs_total",

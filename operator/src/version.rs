@@ -15,6 +15,7 @@ use sealed_crds::{
 use sealed_store::{Digest, Error as StoreError};
 use serde_json::json;
 
+use crate::attestation::is_attested;
 use crate::context::Context;
 use crate::error::{Error, Result};
 
@@ -22,11 +23,16 @@ use crate::error::{Error, Result};
 pub const FINALIZER: &str = "sealedvolumes.io/trash";
 /// Field manager of the fields this controller owns on a version's status.
 const VERSION_MANAGER: &str = "sealed-operator-version";
+/// The Ready reason of a version the operator did not make.
+pub const NOT_ATTESTED: &str = "NotAttested";
 /// Retention when the volume is already gone: the documented default, 7 days.
 const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 pub async fn reconcile(version: Arc<SealedVolumeVersion>, ctx: Arc<Context>) -> Result<Action> {
     let namespace = version.namespace().unwrap_or_default();
+    if !ctx.config.watches(&namespace) {
+        return Ok(Action::await_change());
+    }
     let api: Api<SealedVolumeVersion> = Api::namespaced(ctx.client.clone(), &namespace);
     let result = finalizer(&api, FINALIZER, version, |event| async {
         match event {
@@ -35,9 +41,14 @@ pub async fn reconcile(version: Arc<SealedVolumeVersion>, ctx: Arc<Context>) -> 
         }
     })
     .await
-    .map_err(|e| Error::Finalizer {
-        object: format!("SealedVolumeVersion {namespace}"),
-        message: e.to_string(),
+    .map_err(|e| match e {
+        // Our own errors stay themselves (error_policy tells a wait from a failure).
+        kube::runtime::finalizer::Error::ApplyFailed(e)
+        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        other => Error::Finalizer {
+            object: format!("SealedVolumeVersion {namespace}"),
+            message: other.to_string(),
+        },
     });
     let outcome = if result.is_ok() { "ok" } else { "error" };
     ctx.metrics
@@ -52,7 +63,11 @@ pub fn error_policy(
     error: &Error,
     _ctx: Arc<Context>,
 ) -> Action {
-    tracing::warn!(version = %version.name_any(), %error, "reconcile failed; retrying in 30s");
+    if matches!(error, Error::InUse { .. }) {
+        tracing::info!(version = %version.name_any(), %error, "waiting; looking again in 30s");
+    } else {
+        tracing::warn!(version = %version.name_any(), %error, "reconcile failed; retrying in 30s");
+    }
     Action::requeue(Duration::from_secs(30))
 }
 
@@ -71,6 +86,11 @@ async fn apply(version: &SealedVolumeVersion, ctx: &Context) -> Result<Action> {
     let digest = parse_digest(version)?;
     let generation = version.metadata.generation;
     let status = version.status.clone().unwrap_or_default();
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    if !is_attested(version, &ctx.attestation) && !reattest(version, ctx, &api, &digest).await? {
+        return refuse_unattested(version, ctx, &api, &status, now).await;
+    }
     let ready = status
         .condition(CONDITION_READY)
         .is_some_and(|c| c.status == "True");
@@ -78,8 +98,6 @@ async fn apply(version: &SealedVolumeVersion, ctx: &Context) -> Result<Action> {
         return Ok(Action::await_change());
     }
     let mut conditions = status.conditions.clone();
-    let now =
-        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
     let (patch, requeue) = match ctx.store.get_manifest(&digest).await {
         Ok(manifest) => {
             let files = manifest
@@ -93,7 +111,8 @@ async fn apply(version: &SealedVolumeVersion, ctx: &Context) -> Result<Action> {
                     type_: CONDITION_READY.into(),
                     status: "True".into(),
                     reason: "Sealed".into(),
-                    message: format!("manifest sealed in store {}", ctx.store.name()),
+                    // Tenant-visible: "the store", never its URL.
+                    message: "manifest sealed in the store".into(),
                     observed_generation: generation,
                     last_transition_time: now.clone(),
                 },
@@ -120,8 +139,7 @@ async fn apply(version: &SealedVolumeVersion, ctx: &Context) -> Result<Action> {
                     status: "False".into(),
                     reason: "ManifestMissing".into(),
                     message: format!(
-                        "store {} has no manifest {digest}: push the directory with `sealed push --volume {namespace}/{} DIR`, or bring a deleted version back with `sealed restore {digest}`",
-                        ctx.store.name(),
+                        "the store has no manifest {digest}: push the directory with `sealed push --volume {namespace}/{} DIR`, or bring a deleted version back with `sealed restore {digest}`",
                         version.spec.volume
                     ),
                     observed_generation: generation,
@@ -144,6 +162,97 @@ async fn apply(version: &SealedVolumeVersion, ctx: &Context) -> Result<Action> {
     )
     .await?;
     Ok(requeue)
+}
+
+/// A version without a valid attestation is attested again when the store holds a record of
+/// it for its volume whose proof holds (what every push and sync writes): so versions survive
+/// a new attestation key. Returns whether it is attested now.
+async fn reattest(
+    version: &SealedVolumeVersion,
+    ctx: &Context,
+    api: &Api<SealedVolumeVersion>,
+    digest: &Digest,
+) -> Result<bool> {
+    let namespace = version.namespace().unwrap_or_default();
+    let volume = &version.spec.volume;
+    let records = ctx
+        .store
+        .list_records_of_volume(&format!("{namespace}/{volume}"))
+        .await?;
+    let Some(record) = records.into_iter().find(|r| r.digest == *digest) else {
+        return Ok(false);
+    };
+    if !ctx.store.verify_volume_record(&record).await? {
+        return Ok(false);
+    }
+    crate::attestation::attest(
+        api,
+        &ctx.attestation,
+        &namespace,
+        &version.name_any(),
+        volume,
+        &version.spec.digest,
+    )
+    .await?;
+    Ok(true)
+}
+
+/// `Ready=False/NotAttested` on a version the operator did not make: it authorizes no mount.
+async fn refuse_unattested(
+    version: &SealedVolumeVersion,
+    ctx: &Context,
+    api: &Api<SealedVolumeVersion>,
+    status: &sealed_crds::SealedVolumeVersionStatus,
+    now: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) -> Result<Action> {
+    let namespace = version.namespace().unwrap_or_default();
+    let generation = version.metadata.generation;
+    let already = status
+        .condition(CONDITION_READY)
+        .is_some_and(|c| c.reason == NOT_ATTESTED && c.observed_generation == generation);
+    if already {
+        return Ok(Action::requeue(Duration::from_secs(300)));
+    }
+    ctx.metrics.versions_unattested.inc();
+    let message = format!(
+        "not made by the operator: versions of {namespace}/{} come from its syncs or, for an \
+         upload volume, from `sealed push --volume {namespace}/{} DIR`; a SealedVolumeVersion \
+         made by hand authorizes no mount",
+        version.spec.volume, version.spec.volume
+    );
+    let mut conditions = status.conditions.clone();
+    set_condition(
+        &mut conditions,
+        Condition {
+            type_: CONDITION_READY.into(),
+            status: "False".into(),
+            reason: NOT_ATTESTED.into(),
+            message: message.clone(),
+            observed_generation: generation,
+            last_transition_time: now,
+        },
+    );
+    let patch = json!({
+        "apiVersion": sealed_crds::API_VERSION,
+        "kind": "SealedVolumeVersion",
+        "status": { "conditions": conditions, "observedGeneration": generation }
+    });
+    api.patch_status(
+        &version.name_any(),
+        &PatchParams::apply(VERSION_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    ctx.event(
+        &version.object_ref(&()),
+        true,
+        NOT_ATTESTED,
+        "Verify",
+        message,
+    )
+    .await;
+    // A record may still arrive (a push in flight): look again now and then.
+    Ok(Action::requeue(Duration::from_secs(300)))
 }
 
 /// Labels the version with its volume and makes the volume its owner, so deleting the
@@ -187,7 +296,7 @@ async fn cleanup(version: &SealedVolumeVersion, ctx: &Context) -> Result<Action>
     let reference = version.object_ref(&());
     // Another live version naming the same digest keeps the manifest in the store; only
     // this volume's record of it goes, so the version is not imported again.
-    let all: Api<SealedVolumeVersion> = match &ctx.config.watch_namespace {
+    let all: Api<SealedVolumeVersion> = match ctx.config.single_watch_namespace() {
         Some(ns) => Api::namespaced(ctx.client.clone(), ns),
         None => Api::all(ctx.client.clone()),
     };
@@ -200,24 +309,15 @@ async fn cleanup(version: &SealedVolumeVersion, ctx: &Context) -> Result<Action>
             v.spec.digest == version.spec.digest
                 && v.metadata.deletion_timestamp.is_none()
                 && v.metadata.uid != version.metadata.uid
+                // A version made by hand keeps nothing alive (it could pin anyone's data).
+                && is_attested(v, &ctx.attestation)
         })
         .map(|v| format!("{}/{}", v.namespace().unwrap_or_default(), v.name_any()))
         .collect();
     if !others.is_empty() {
-        let record = object_store::path::Path::from(format!(
-            "volumes/{namespace}/{}/{}",
-            version.spec.volume,
-            digest.hex()
-        ));
-        match ctx.store.object_store().delete(&record).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-            Err(e) => {
-                return Err(Error::Store(StoreError::Other(format!(
-                    "cannot delete {record} in store {}: {e}",
-                    ctx.store.name()
-                ))));
-            }
-        }
+        ctx.store
+            .delete_volume_record(&format!("{namespace}/{}", version.spec.volume), &digest)
+            .await?;
         ctx.event(
             &reference,
             false,
@@ -230,6 +330,27 @@ async fn cleanup(version: &SealedVolumeVersion, ctx: &Context) -> Result<Action>
         )
         .await;
         return Ok(Action::await_change());
+    }
+    // A version that running pods still mount keeps its chunks: wait for the nodes to let go.
+    if !is_attested(version, &ctx.attestation) {
+        // Made by hand: it never authorized a mount, and trashing it would take the manifest
+        // from the versions that did. Let it go without touching the store.
+        return Ok(Action::await_change());
+    }
+    let nodes = crate::publications::nodes_publishing(ctx, &version.spec.digest).await?;
+    if !nodes.is_empty() {
+        ctx.metrics.trash_waits.inc();
+        let message = format!(
+            "{digest} is still mounted on node(s) {}; it moves to the trash when their pods are \
+             gone",
+            nodes.join(", ")
+        );
+        ctx.event(&reference, false, "WaitingForUnpublish", "Delete", message.clone())
+            .await;
+        return Err(Error::InUse {
+            object: format!("SealedVolumeVersion {namespace}/{}", version.name_any()),
+            message,
+        });
     }
     let volumes: Api<SealedVolume> = Api::namespaced(ctx.client.clone(), &namespace);
     let retention = match volumes.get_opt(&version.spec.volume).await? {

@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::TryStreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
@@ -16,7 +15,6 @@ use sealed_crds::{
     SealedVolumeVersion, SealedVolumeVersionSpec, SourceKind, SyncProgress, TagStatus,
     VOLUME_LABEL, set_condition,
 };
-use sealed_store::Digest;
 use serde_json::json;
 
 use crate::context::{Context, Executor, MANAGER};
@@ -27,6 +25,9 @@ use crate::sync::{Credentials, SyncFailure, SyncOutcome, SyncRequest, SyncState}
 const SYNC_MANAGER: &str = "sealed-operator-sync";
 
 pub async fn reconcile(volume: Arc<SealedVolume>, ctx: Arc<Context>) -> Result<Action> {
+    if !ctx.config.watches(&volume.namespace().unwrap_or_default()) {
+        return Ok(Action::await_change());
+    }
     let result = reconcile_inner(&volume, &ctx).await;
     let outcome = if result.is_ok() { "ok" } else { "error" };
     ctx.metrics
@@ -149,6 +150,7 @@ async fn drive_sync(
         name: name.clone(),
         source: volume.spec.source.clone(),
         trigger: volume.sync_trigger(),
+        policy: ctx.config.source_policy.clone(),
     };
     let reference = volume.object_ref(&());
     let current = status.sync.as_ref().and_then(|s| s.trigger.clone());
@@ -173,19 +175,33 @@ async fn drive_sync(
     };
     match state {
         SyncState::Unknown => {
-            let credentials =
-                match Credentials::read(&ctx.client, &namespace, &volume.spec.source).await {
-                    Ok(c) => c,
-                    Err(failure) => {
-                        // The sync waits for its credentials (not started, not finished): a
-                        // Secret created later is picked up by the next look, without a hot
-                        // loop, and `sealed sync` sees this trigger's reason.
-                        status.sync = Some(SyncProgress {
-                            trigger: Some(request.trigger.clone()),
-                            progress: Some(format!("waiting: {}", failure.reason)),
-                            ..Default::default()
-                        });
-                        record_failure(status, &failure, generation);
+            // The source policy first (a refused source starts no Job and reads no Secret),
+            // then the credentials.
+            let prepared = Credentials::prepare(
+                &ctx.client,
+                &namespace,
+                &volume.spec.source,
+                &request.policy,
+            );
+            let credentials = match prepared.await {
+                Ok(c) => c,
+                Err(failure) => {
+                    // The sync waits (not started, not finished): a Secret created or
+                    // labelled later, or an operator restarted with other flags, is picked up
+                    // by the next look, without a hot loop, and `sealed sync` sees this
+                    // trigger's reason. The Event is recorded once per trigger and reason.
+                    let waiting = format!("waiting: {}", failure.reason);
+                    let repeated = status.sync.as_ref().is_some_and(|s| {
+                        s.trigger.as_deref() == Some(request.trigger.as_str())
+                            && s.progress.as_deref() == Some(waiting.as_str())
+                    });
+                    status.sync = Some(SyncProgress {
+                        trigger: Some(request.trigger.clone()),
+                        progress: Some(waiting),
+                        ..Default::default()
+                    });
+                    record_failure(status, &failure, generation);
+                    if !repeated {
                         ctx.event(
                             &reference,
                             true,
@@ -194,9 +210,10 @@ async fn drive_sync(
                             failure.message.clone(),
                         )
                         .await;
-                        return Ok(Some(Duration::from_secs(30)));
                     }
-                };
+                    return Ok(Some(Duration::from_secs(30)));
+                }
+            };
             let job = match &ctx.executor {
                 Executor::Inline(inline) => {
                     inline.start(request.clone(), credentials);
@@ -354,7 +371,7 @@ async fn record_version(
     let namespace = volume.namespace().unwrap_or_default();
     let name = SealedVolumeVersionSpec::object_name(&volume.name_any(), &outcome.digest);
     let versions: Api<SealedVolumeVersion> = Api::namespaced(ctx.client.clone(), &namespace);
-    create_version(volume, &versions, &name, &outcome.digest).await?;
+    create_version(volume, ctx, &versions, &name, &outcome.digest).await?;
     let patch = json!({
         "apiVersion": sealed_crds::API_VERSION,
         "kind": "SealedVolumeVersion",
@@ -374,9 +391,11 @@ async fn record_version(
     Ok(name)
 }
 
-/// Creates a version of `volume` (labelled and owned by it); an existing one is fine.
+/// Creates a version of `volume` (labelled and owned by it; an existing one is fine) and
+/// attests it: only versions the operator made this way authorize mounts.
 async fn create_version(
     volume: &SealedVolume,
+    ctx: &Context,
     versions: &Api<SealedVolumeVersion>,
     name: &str,
     digest: &str,
@@ -399,10 +418,20 @@ async fn create_version(
         ..Default::default()
     };
     match versions.create(&PostParams::default(), &version).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-        Err(e) => Err(e.into()),
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(e.into()),
     }
+    let namespace = volume.namespace().unwrap_or_default();
+    crate::attestation::attest(
+        versions,
+        &ctx.attestation,
+        &namespace,
+        name,
+        &volume.name_any(),
+        digest,
+    )
+    .await
 }
 
 /// Deleting a volume deletes its versions (which moves them to the trash).
@@ -411,25 +440,20 @@ pub fn owner_reference(volume: &SealedVolume) -> Option<OwnerReference> {
 }
 
 /// Versions recorded in the store for this volume (`sealed push --volume`, syncs, restores)
-/// whose manifest is live get a SealedVolumeVersion. A trashed manifest does not: deleting a
-/// version sticks until it is restored.
+/// whose manifest is live get a SealedVolumeVersion. Only records whose proof holds count: the
+/// writer had the manifest's bytes, not only its public digest (`ChunkStore::record_proof`),
+/// so a tenant allowed to write records under its own namespace's prefix cannot claim another
+/// namespace's version by naming its digest. A trashed manifest is not imported: deleting a
+/// version sticks until it is restored (which is why synced volumes import too: a restored
+/// version of a synced volume comes back by itself).
 async fn import_store_records(volume: &SealedVolume, ctx: &Context) -> Result<()> {
     let namespace = volume.namespace().unwrap_or_default();
     let name = volume.name_any();
-    let prefix = object_store::path::Path::from(format!("volumes/{namespace}/{name}"));
-    let metas: Vec<_> = ctx
+    let records = ctx
         .store
-        .object_store()
-        .list(Some(&prefix))
-        .try_collect()
-        .await
-        .map_err(|e| {
-            Error::Store(sealed_store::Error::Other(format!(
-                "cannot list {prefix} in store {}: {e}",
-                ctx.store.name()
-            )))
-        })?;
-    if metas.is_empty() {
+        .list_records_of_volume(&format!("{namespace}/{name}"))
+        .await?;
+    if records.is_empty() {
         return Ok(());
     }
     let versions: Api<SealedVolumeVersion> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -438,23 +462,36 @@ async fn import_store_records(volume: &SealedVolume, ctx: &Context) -> Result<()
         .await?
         .items
         .into_iter()
-        .filter(|v| v.spec.volume == name)
+        .filter(|v| v.spec.volume == name && crate::attestation::is_attested(v, &ctx.attestation))
         .map(|v| v.spec.digest)
         .collect();
-    for meta in metas {
-        let Some(digest) = meta
-            .location
-            .filename()
-            .and_then(|hex| Digest::parse(&format!("blake3:{hex}")).ok())
-        else {
+    for record in records {
+        let digest_str = record.digest.to_string();
+        if existing.contains(&digest_str) {
             continue;
-        };
-        let digest_str = digest.to_string();
-        if existing.contains(&digest_str) || !ctx.store.has_manifest(&digest).await? {
+        }
+        if !ctx.store.verify_volume_record(&record).await? {
+            // Either the manifest is not live (trashed, or never sealed) or the record's
+            // proof does not hold. Only the second is worth telling anyone about.
+            if ctx.store.has_manifest(&record.digest).await? {
+                ctx.metrics.records_rejected.inc();
+                ctx.event(
+                    &volume.object_ref(&()),
+                    true,
+                    "RecordRejected",
+                    "Import",
+                    format!(
+                        "a store record names {digest_str} for {namespace}/{name} without proof \
+                         that its writer had the version's manifest; nothing was imported (push \
+                         the directory with `sealed push --volume {namespace}/{name} DIR`)"
+                    ),
+                )
+                .await;
+            }
             continue;
         }
         let version = SealedVolumeVersionSpec::object_name(&name, &digest_str);
-        create_version(volume, &versions, &version, &digest_str).await?;
+        create_version(volume, ctx, &versions, &version, &digest_str).await?;
         ctx.event(
             &volume.object_ref(&()),
             false,

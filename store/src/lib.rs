@@ -11,6 +11,7 @@ pub mod error;
 pub mod gc;
 pub mod ingest;
 pub mod lease;
+pub mod limits;
 pub mod manifest;
 pub mod progress;
 pub mod pull;
@@ -26,4 +27,11 @@ pub use error::{Error, Result};
 pub use lease::WriterLease;
 pub use manifest::{ChunkRef, Entry, EntryKind, FileEntry, Manifest};
 pub use progress::{NoProgress, Progress};
-pub use store::{ChunkStore, StoreOptions};
+pub use store::{ChunkStore, StoreOptions, VolumeRecord};
+
+/// Environment variables `SEALED_STORE_CRED_<KEY>` are the store's credentials: applied by
+/// [`ChunkStore::open`] as `<key>` (lowercased) builder settings after the backend's own
+/// environment variables. Sync Jobs get the store's Secret under this prefix, so that no
+/// source reader (which reads `SEALED_SOURCE_*`, and `AWS_*`/`AZURE_*`/`GOOGLE_*` only for a
+/// source allow-listed for ambient credentials) can use the store's credentials.
+pub const STORE_CREDENTIAL_ENV_PREFIX: &str = "SEALED_STORE_CRED_";

@@ -145,9 +145,10 @@ pub(crate) async fn seal_manifest(
     store.sync().await?;
     let manifest_len = manifest_bytes.len() as u64;
     lease.ensure_live()?;
+    let record_of = volume.map(|v| (v, manifest_bytes.clone()));
     store.put_manifest(manifest_bytes).await?;
-    if let Some(volume) = volume {
-        store.put_volume_record(volume, &digest).await?;
+    if let Some((volume, bytes)) = record_of {
+        store.put_volume_record(volume, &bytes).await?;
     }
 
     let mut report = PushReport {
