@@ -30,6 +30,38 @@ pub enum Error {
         store: String,
     },
 
+    #[error(
+        "chunk {digest} is {actual} bytes but the manifest declares {declared}: the manifest \
+         does not describe its chunks (corrupt); no bytes of it are served (push the version \
+         again from its source)"
+    )]
+    ChunkLengthMismatch {
+        digest: Digest,
+        declared: u32,
+        actual: u64,
+    },
+
+    #[error(
+        "file '{path}': its pulled content hashes to {actual} but the manifest records \
+         {expected}; the version is corrupt, nothing was left at the destination (run `sealed \
+         verify`, push the version again from its source)"
+    )]
+    FileDigestMismatch {
+        path: String,
+        expected: Digest,
+        actual: Digest,
+    },
+
+    #[error("{what} {value} is out of range: {bound}")]
+    OutOfRange {
+        what: String,
+        value: String,
+        bound: String,
+    },
+
+    #[error("store endpoint '{endpoint}' {reason}")]
+    InvalidEndpoint { endpoint: String, reason: String },
+
     #[error("invalid store URL '{url}': {reason}")]
     InvalidStoreUrl { url: String, reason: String },
 

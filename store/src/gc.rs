@@ -97,6 +97,10 @@ pub struct GcReport {
 /// Runs one collection (see the module docs). Fails with [`Error::GcBusy`] when another
 /// collection holds the store.
 pub async fn collect(store: &ChunkStore, opts: &GcOptions) -> Result<GcReport> {
+    // Durations that would overflow a timestamp are refused before anything is taken.
+    let now = opts.now.unwrap_or_else(Utc::now);
+    crate::limits::earlier(now, opts.grace, "grace period")?;
+    crate::limits::later(Utc::now(), opts.marker_ttl, "garbage-collection marker TTL")?;
     let mut report = GcReport {
         dry_run: opts.dry_run,
         ..Default::default()
@@ -284,7 +288,7 @@ async fn run(
     report.chunks_marked = marked.len() as u64;
 
     // 5. Sweep.
-    let cutoff = start - chrono_duration(opts.grace);
+    let cutoff = crate::limits::earlier(start, opts.grace, "grace period")?;
     let mut doomed: Vec<ObjectMeta> = Vec::new();
     let mut listing = store.object_store().list(Some(&ObjectPath::from("chunks")));
     while let Some(meta) = listing.try_next().await.map_err(|e| store.backend(e))? {
@@ -376,7 +380,7 @@ impl Marker {
                 host: host.clone(),
                 pid,
                 started_at: now,
-                expires_at: now + chrono_duration(ttl),
+                expires_at: crate::limits::later(now, ttl, "garbage-collection marker TTL")?,
             };
             let body = serde_json::to_vec(&record)
                 .map_err(|e| Error::Other(format!("{GC_MARKER_KEY}: {e}")))?;
@@ -441,7 +445,10 @@ impl Marker {
             host: "<unreadable marker>".into(),
             pid: 0,
             started_at: meta.last_modified,
-            expires_at: meta.last_modified + chrono_duration(DEFAULT_LEASE_TTL),
+            expires_at: meta
+                .last_modified
+                .checked_add_signed(chrono_duration(DEFAULT_LEASE_TTL))
+                .unwrap_or(DateTime::<Utc>::MAX_UTC),
         });
         if existing.expires_at > Utc::now() {
             return Err(busy(store, existing));

@@ -128,7 +128,7 @@ async fn materialise(
                 write_file(store, root, path, file, opts.concurrency, progress)
                     .await
                     .map_err(|e| match e {
-                        Error::Io { .. } => e,
+                        Error::Io { .. } | Error::FileDigestMismatch { .. } => e,
                         other => other.in_file(path),
                     })
             }
@@ -160,10 +160,16 @@ async fn write_file(
         .create_new(true)
         .open(&path)
         .map_err(|e| Error::io(&path, e))?;
+    // Every chunk is checked against its digest and its declared length, and the whole
+    // content against the file's BLAKE3: a manifest that lies about either leaves nothing.
     let mut chunks = futures::stream::iter(file.chunks.iter())
-        .map(|c| store.get_chunk(&c.digest))
+        .map(|c| store.get_chunk_checked(c))
         .buffered(concurrency.max(1));
+    let mut whole = blake3::Hasher::new();
+    let mut written: u64 = 0;
     while let Some(data) = chunks.try_next().await? {
+        whole.update(&data);
+        written = written.saturating_add(data.len() as u64);
         // All-zero chunks become holes: a sparse 4 GiB file stays sparse.
         if data.iter().all(|&b| b == 0) {
             out.seek(SeekFrom::Current(data.len() as i64))
@@ -172,6 +178,14 @@ async fn write_file(
             out.write_all(&data).map_err(|e| Error::io(&path, e))?;
         }
         progress.advance(data.len() as u64);
+    }
+    let actual = Digest::from(whole.finalize());
+    if written != file.size || actual != file.blake3 {
+        return Err(Error::FileDigestMismatch {
+            path: rel.to_owned(),
+            expected: file.blake3,
+            actual,
+        });
     }
     out.set_len(file.size).map_err(|e| Error::io(&path, e))?;
     let mode = if file.executable { 0o755 } else { 0o644 };

@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use crate::chunker::{ChunkParams, ChunkSink, chunk_reader_with_sink};
 use crate::error::{Error, Result};
 use crate::manifest::{
-    Entry, EntryKind, FileEntry, Manifest, validate_path, validate_symlink_target,
+    Entry, EntryKind, FileEntry, Manifest, resolve_symlinks, validate_path, validate_symlink_target,
 };
 
 /// Where a file's bytes came from, so push can re-read chunk ranges for upload.
@@ -30,9 +30,6 @@ pub struct ScannedTree {
     pub manifest: Manifest,
     pub sources: HashMap<String, FileSource>,
 }
-
-/// Linux follows at most 40 links while resolving one path; so do we when looking for loops.
-const MAX_LINK_HOPS: usize = 40;
 
 /// Options for a scan.
 #[derive(Clone, Debug, Default)]
@@ -58,7 +55,8 @@ pub fn scan(
     let mut entries = Vec::new();
     let mut files = Vec::new();
     walk(root, "", &mut entries, &mut files)?;
-    check_symlink_loops(&entries)?;
+    // Before any file is read: a tree whose links leave it is refused at once.
+    resolve_symlinks(&entries).map_err(|e| Error::bad_input(root.join(&e.link), e.to_string()))?;
     on_total(files.iter().map(|f: &FileSource| f.size).sum());
 
     let pool = rayon::ThreadPoolBuilder::new()
@@ -161,46 +159,12 @@ fn walk(
     Ok(())
 }
 
-/// Resolves every symlink inside the tree (lexically, as the kernel would inside the mount)
-/// and fails on one that never settles. Dangling links are allowed: they are stored as links.
+/// Resolves every symlink through the others, as the kernel would inside the mount or a
+/// pulled tree ([`resolve_symlinks`]), and fails on one that leaves the volume (`a/up -> ..`
+/// with `esc -> a/up/../..`) or never settles (a loop). Dangling links are allowed: they
+/// are stored as links. Files may be missing from `entries` (they resolve as missing names).
 pub(crate) fn check_symlink_loops(entries: &[Entry]) -> Result<()> {
-    let links: HashMap<&str, &str> = entries
-        .iter()
-        .filter_map(|e| match &e.kind {
-            EntryKind::Symlink { target } => Some((e.path.as_str(), target.as_str())),
-            _ => None,
-        })
-        .collect();
-    for link in links.keys() {
-        let mut hops = 0;
-        // Components still to walk, in reverse order, and the resolved prefix so far.
-        let mut todo: Vec<String> = link.rsplit('/').map(str::to_owned).collect();
-        let mut resolved: Vec<String> = Vec::new();
-        while let Some(c) = todo.pop() {
-            match c.as_str() {
-                "" | "." => continue,
-                ".." => {
-                    resolved.pop();
-                    continue;
-                }
-                _ => {}
-            }
-            resolved.push(c);
-            let here = resolved.join("/");
-            if let Some(target) = links.get(here.as_str()) {
-                hops += 1;
-                if hops > MAX_LINK_HOPS {
-                    return Err(Error::bad_input(
-                        *link,
-                        "symlink loop: resolving it never reaches a file or directory",
-                    ));
-                }
-                resolved.pop();
-                todo.extend(target.rsplit('/').map(str::to_owned));
-            }
-        }
-    }
-    Ok(())
+    resolve_symlinks(entries).map_err(|e| Error::bad_input(e.link.clone(), e.to_string()))
 }
 
 fn chunk_file(

@@ -448,6 +448,17 @@ impl ChunkStore {
         out.sort_by_key(|r| std::cmp::Reverse(r.pushed_at));
         Ok(out)
     }
+
+    /// Fetches the chunk a manifest names and checks it all: its bytes hash to the digest
+    /// ([`ChunkStore::get_chunk`]) and are as long as the manifest declares
+    /// ([`crate::manifest::ChunkRef::check_len`], else [`Error::ChunkLengthMismatch`]).
+    /// Verify and pull read chunks through this; the mount applies the same check to every
+    /// tier.
+    pub async fn get_chunk_checked(&self, chunk: &crate::manifest::ChunkRef) -> Result<Bytes> {
+        let data = self.get_chunk(&chunk.digest).await?;
+        chunk.check_len(&data)?;
+        Ok(data)
+    }
 }
 
 /// Volume names are `name` or `namespace/name`, each part a DNS-1123 label.

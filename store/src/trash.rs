@@ -18,7 +18,7 @@ use object_store::path::Path as ObjectPath;
 
 use crate::digest::Digest;
 use crate::error::{Error, Result};
-use crate::lease::{WriterLease, chrono_duration, write_json};
+use crate::lease::{WriterLease, write_json};
 use crate::manifest::Manifest;
 use crate::store::ChunkStore;
 
@@ -73,6 +73,8 @@ pub async fn trash_version(
     digest: &Digest,
     retention: Duration,
 ) -> Result<TrashRecord> {
+    // A retention that overflows the calendar is refused before anything is taken or moved.
+    crate::limits::later(Utc::now(), retention, "retention")?;
     let lease = WriterLease::acquire(store, &format!("delete {digest}")).await?;
     let result = trash_leased(store, digest, retention).await;
     finish_lease(lease, result).await
@@ -103,7 +105,7 @@ async fn trash_leased(
     let record = TrashRecord {
         digest: *digest,
         deleted_at: now,
-        restorable_until: now + chrono_duration(retention),
+        restorable_until: crate::limits::later(now, retention, "retention")?,
     };
     // Copy first, record second, delete last: a crash leaves the version live, or live and
     // in the trash, never in neither.
