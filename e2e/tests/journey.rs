@@ -55,6 +55,9 @@ use object_store::prefix::PrefixStore;
 use object_store::{ObjectStore, PutPayload};
 use sealed_crds::{SealedVolume, SealedVolumeVersion, SealedVolumeVersionSpec};
 use sealed_e2e::wait_for;
+
+#[path = "journey/hostile.rs"]
+mod hostile;
 use sealed_e2e::{Cluster, pseudo_random};
 use sealed_store::push::{PushOptions, push};
 use sealed_store::{ChunkStore, Digest, EntryKind, NoProgress};
@@ -452,6 +455,8 @@ struct Journey {
     release_ns: String,
     /// The namespace of the SealedVolume and the pods.
     ns: String,
+    /// A hostile tenant's namespace (step 9).
+    attacker_ns: String,
 }
 
 impl Journey {
@@ -794,8 +799,10 @@ async fn journey() -> Result<()> {
     let release_ns =
         labelled_namespace(&client, "sealed-journey-system", "journey-release").await?;
     let ns = labelled_namespace(&client, "sealed-journey", "journey").await?;
+    let attacker_ns = labelled_namespace(&client, "sealed-journey-attacker", "journey").await?;
     say(format!(
-        "release namespace {release_ns}, volume namespace {ns}, node {node}"
+        "release namespace {release_ns}, volume namespace {ns}, attacker namespace \
+         {attacker_ns}, node {node}"
     ));
     let journey = Arc::new(Journey {
         cluster,
@@ -805,6 +812,7 @@ async fn journey() -> Result<()> {
         node,
         release_ns,
         ns,
+        attacker_ns,
     });
 
     // The steps run in their own task: a panic there still reaches the cleanup below.
@@ -927,6 +935,7 @@ async fn steps(j: &Journey, operator_bin: &Path, csi_bin: &Path) -> Result<()> {
     delete_and_restore(j, &v1).await?;
     gpu_exclusion(j).await?;
     upgrade(j, &v1, &v2).await?;
+    hostile::tenant(j, &v1).await?;
     Ok(())
 }
 
@@ -974,6 +983,8 @@ async fn install(j: &Journey, operator_bin: &Path, csi_bin: &Path) -> Result<()>
         // Restored versions are looked for this often (default 30s).
         "operator.uploadPoll=5s".into(),
         "operator.gcInterval=0".into(),
+        // moto speaks plain http on the node's IP.
+        "operator.sources.allowHttp=true".into(),
         "cache.size=1Gi".into(),
     ];
     let mut args = vec![
@@ -986,8 +997,11 @@ async fn install(j: &Journey, operator_bin: &Path, csi_bin: &Path) -> Result<()>
     for s in &sets {
         args.extend(["--set", s.as_str()]);
     }
-    // Only this run's namespace: operator tests on the same cluster have their own volumes.
-    let watch = format!(r#"operator.extraArgs=["--watch-namespace={}"]"#, j.ns);
+    // Only this run's namespaces: operator tests on the same cluster have their own volumes.
+    let watch = format!(
+        r#"operator.extraArgs=["--watch-namespace={},{}"]"#,
+        j.ns, j.attacker_ns
+    );
     args.extend(["--set-json", &watch]);
     j.tools.helm(&args)?;
     say(format!(
@@ -1044,7 +1058,11 @@ async fn sync_and_tags(j: &Journey) -> Result<(Digest, Digest)> {
         v1_files.values().map(Vec::len).sum::<usize>()
     ));
     let secret: Secret = serde_json::from_value(serde_json::json!({
-        "metadata": { "name": "source-keys" },
+        "metadata": {
+            "name": "source-keys",
+            // Opted in as source credentials (docs/security.md).
+            "labels": { sealed_crds::SOURCE_CREDENTIALS_LABEL: "true" },
+        },
         "stringData": { "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test" },
     }))?;
     Api::<Secret>::namespaced(j.client(), &j.ns)
@@ -1208,14 +1226,55 @@ async fn delete_and_restore(j: &Journey, v1: &Digest) -> Result<()> {
         "delete v1 (to the trash), refused, restore, mounted again",
     );
     let name = SealedVolumeVersionSpec::object_name(VOLUME, &v1.to_string());
+    // A pod still reads v1 while its version is deleted: the version waits for it.
+    j.start_reader("holding-v1", by_digest(v1), true).await?;
     j.versions()
         .delete(&name, &DeleteParams::default())
         .await
         .with_context(|| format!("deleting SealedVolumeVersion {name}"))?;
+    let waiting = std::sync::Mutex::new(String::new());
+    wait_for(
+        "a WaitingForUnpublish event on the deleted version",
+        Duration::from_secs(60),
+        || async {
+            let events = Api::<Event>::namespaced(j.client(), &j.ns)
+                .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+                .await?;
+            for e in events.items {
+                if e.reason.as_deref() == Some("WaitingForUnpublish") {
+                    *waiting.lock().unwrap() = e.message.unwrap_or_default();
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        },
+    )
+    .await?;
     let versions = j.versions();
+    ensure!(
+        versions
+            .get_opt(&name)
+            .await?
+            .is_some_and(|v| v.metadata.deletion_timestamp.is_some()),
+        "{name} went while pod holding-v1 still mounted it"
+    );
+    ensure!(
+        j.store.has_manifest(v1).await?,
+        "{v1} went to the trash while pod holding-v1 still mounted it"
+    );
+    let read = j.next_read("holding-v1").await?;
+    ensure!(
+        read.contains(" ok "),
+        "holding-v1 failed to read while its version was being deleted: {read}"
+    );
+    say(format!(
+        "while pod holding-v1 still reads v1 the deletion waits: {}",
+        waiting.into_inner().unwrap()
+    ));
+    j.delete_pod("holding-v1").await?;
     wait_for(
         &format!("SealedVolumeVersion {name} to go (the operator's finalizer)"),
-        Duration::from_secs(60),
+        Duration::from_secs(120),
         || async { Ok(versions.get_opt(&name).await?.is_none()) },
     )
     .await?;
@@ -1490,6 +1549,17 @@ async fn cleanup(j: &Journey) {
     {
         say("cleanup: pods still there after 90 s");
     }
+    // The attacker's namespace (step 9): pods, volumes, and hand-made versions.
+    let attacker_pods: Api<Pod> = Api::namespaced(client.clone(), &j.attacker_ns);
+    let _ = attacker_pods
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await;
+    let _ = Api::<SealedVolume>::namespaced(client.clone(), &j.attacker_ns)
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await;
+    let _ = Api::<SealedVolumeVersion>::namespaced(client.clone(), &j.attacker_ns)
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await;
     let _ = j.volumes().delete(VOLUME, &DeleteParams::default()).await;
     let versions = j.versions();
     if wait_for("the versions to go", Duration::from_secs(60), || async {
@@ -1505,6 +1575,7 @@ async fn cleanup(j: &Journey) {
         say("cleanup: versions still there after 60 s; removing their finalizers");
         strip_version_finalizers(&client, &j.ns).await;
     }
+    strip_version_finalizers(&client, &j.attacker_ns).await;
     if let Err(e) = set_gpu_label(&client, &j.node, None).await {
         say(format!("cleanup: {e:#}"));
     }
@@ -1537,7 +1608,7 @@ async fn cleanup(j: &Journey) {
     {
         let _ = drivers.delete(DRIVER, &DeleteParams::default()).await;
     }
-    for ns in [&j.ns, &j.release_ns] {
+    for ns in [&j.ns, &j.attacker_ns, &j.release_ns] {
         if let Err(e) = j.cluster.delete_namespace(ns).await {
             say(format!("cleanup: {e:#}"));
         }

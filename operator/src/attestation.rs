@@ -14,8 +14,8 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use sealed_crds::attestation::{AttestationKey, SECRET_KEY};
 use sealed_crds::SealedVolumeVersion;
+use sealed_crds::attestation::{AttestationKey, SECRET_KEY};
 
 use crate::error::{Error, Result};
 
@@ -157,7 +157,10 @@ mod tests {
         let a = key.attest("b", "private", D);
         assert!(is_attested(&version("b", "private", Some(a.clone())), &key));
         // Copied into another namespace's version, or onto another volume: worthless.
-        assert!(!is_attested(&version("a", "private", Some(a.clone())), &key));
+        assert!(!is_attested(
+            &version("a", "private", Some(a.clone())),
+            &key
+        ));
         assert!(!is_attested(&version("b", "other", Some(a)), &key));
         assert!(!is_attested(&version("b", "private", None), &key));
     }
@@ -166,9 +169,15 @@ mod tests {
     fn key_from_a_secret() {
         let mut s = Secret::default();
         assert!(key_from_secret(&s).unwrap_err().contains("no data key"));
-        s.data = Some(BTreeMap::from([(SECRET_KEY.into(), ByteString(vec![1; 8]))]));
+        s.data = Some(BTreeMap::from([(
+            SECRET_KEY.into(),
+            ByteString(vec![1; 8]),
+        )]));
         assert!(key_from_secret(&s).unwrap_err().contains("at least 32"));
-        s.data = Some(BTreeMap::from([(SECRET_KEY.into(), ByteString(vec![1; 32]))]));
+        s.data = Some(BTreeMap::from([(
+            SECRET_KEY.into(),
+            ByteString(vec![1; 32]),
+        )]));
         assert!(key_from_secret(&s).is_ok());
         assert_ne!(random_bytes().unwrap(), random_bytes().unwrap());
     }

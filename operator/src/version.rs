@@ -345,8 +345,14 @@ async fn cleanup(version: &SealedVolumeVersion, ctx: &Context) -> Result<Action>
              gone",
             nodes.join(", ")
         );
-        ctx.event(&reference, false, "WaitingForUnpublish", "Delete", message.clone())
-            .await;
+        ctx.event(
+            &reference,
+            false,
+            "WaitingForUnpublish",
+            "Delete",
+            message.clone(),
+        )
+        .await;
         return Err(Error::InUse {
             object: format!("SealedVolumeVersion {namespace}/{}", version.name_any()),
             message,

@@ -124,7 +124,11 @@ async fn only_operator_made_versions_are_attested_and_trashing_waits_for_nodes()
     // The operator makes its key on first start.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
     let secret = wait_for("the attestation Secret", || async {
-        secrets.get_opt(DEFAULT_ATTESTATION_SECRET).await.ok().flatten()
+        secrets
+            .get_opt(DEFAULT_ATTESTATION_SECRET)
+            .await
+            .ok()
+            .flatten()
     })
     .await;
     let material = secret
@@ -259,7 +263,10 @@ async fn only_operator_made_versions_are_attested_and_trashing_waits_for_nodes()
             .filter(|gone| *gone)
     })
     .await;
-    assert!(store.has_manifest(&private).await.expect("has"), "trashed by a fake");
+    assert!(
+        store.has_manifest(&private).await.expect("has"),
+        "trashed by a fake"
+    );
 
     // A node still publishes the digest: deleting the real version waits for it.
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
@@ -307,11 +314,17 @@ async fn only_operator_made_versions_are_attested_and_trashing_waits_for_nodes()
         still.is_some_and(|v| v.metadata.deletion_timestamp.is_some()),
         "the version went while a node published it"
     );
-    assert!(store.has_manifest(&private).await.expect("has"), "trashed while mounted");
+    assert!(
+        store.has_manifest(&private).await.expect("has"),
+        "trashed while mounted"
+    );
 
     // The node lets go: the version goes to the trash (the operator retries every 30 s).
     leases
-        .delete(&NodePublications::lease_name("node-a"), &DeleteParams::default())
+        .delete(
+            &NodePublications::lease_name("node-a"),
+            &DeleteParams::default(),
+        )
         .await
         .expect("delete the Lease");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(90);

@@ -70,6 +70,10 @@ pub struct VolumeRecord {
     pub volume: String,
     pub digest: Digest,
     pub pushed_at: chrono::DateTime<chrono::Utc>,
+    /// Proof that the writer held the manifest's bytes, not only its digest (digests are
+    /// public: Events, status, pod specs). See [`ChunkStore::record_proof`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proof: Option<String>,
 }
 
 /// A manifest present in the store.
@@ -149,6 +153,16 @@ impl ChunkStore {
             store: url.into(),
             source: e,
         };
+        // The store's own credentials as `SEALED_STORE_CRED_<KEY>` (how sync Jobs get the
+        // store's Secret, so that source readers never see it under the standard names),
+        // applied after the backend's standard environment variables. Keys a backend does not
+        // know are left out, as `from_env` leaves them out.
+        let store_creds: Vec<(String, String)> = std::env::vars()
+            .filter_map(|(k, v)| {
+                let key = k.strip_prefix(crate::STORE_CREDENTIAL_ENV_PREFIX)?;
+                (!key.is_empty()).then(|| (key.to_ascii_lowercase(), v))
+            })
+            .collect();
         let (inner, local_root): (Arc<dyn ObjectStore>, _) = match parsed.scheme() {
             "file" => {
                 let dir = parsed
@@ -172,7 +186,13 @@ impl ChunkStore {
             }
             "memory" => (Arc::new(InMemory::new()), None),
             "s3" | "s3a" => {
-                let mut b = AmazonS3Builder::from_env()
+                let mut b = AmazonS3Builder::from_env();
+                for (k, v) in &store_creds {
+                    if let Ok(key) = k.parse::<object_store::aws::AmazonS3ConfigKey>() {
+                        b = b.with_config(key, v);
+                    }
+                }
+                let mut b = b
                     .with_url(url)
                     .with_client_options(client)
                     .with_retry(retry);
@@ -187,14 +207,26 @@ impl ChunkStore {
                 (remote(Arc::new(b.build().map_err(backend_err)?)), None)
             }
             "gs" => {
-                let b = GoogleCloudStorageBuilder::from_env()
+                let mut b = GoogleCloudStorageBuilder::from_env();
+                for (k, v) in &store_creds {
+                    if let Ok(key) = k.parse::<object_store::gcp::GoogleConfigKey>() {
+                        b = b.with_config(key, v);
+                    }
+                }
+                let b = b
                     .with_url(url)
                     .with_client_options(client)
                     .with_retry(retry);
                 (remote(Arc::new(b.build().map_err(backend_err)?)), None)
             }
             "az" | "azure" | "abfs" | "abfss" => {
-                let mut b = MicrosoftAzureBuilder::from_env()
+                let mut b = MicrosoftAzureBuilder::from_env();
+                for (k, v) in &store_creds {
+                    if let Ok(key) = k.parse::<object_store::azure::AzureConfigKey>() {
+                        b = b.with_config(key, v);
+                    }
+                }
+                let mut b = b
                     .with_url(url)
                     .with_client_options(client)
                     .with_retry(retry);
@@ -405,45 +437,122 @@ impl ChunkStore {
         Ok(out)
     }
 
-    /// Records that `digest` was pushed to `volume` (a name like `ns/name`).
-    pub async fn put_volume_record(&self, volume: &str, digest: &Digest) -> Result<VolumeRecord> {
+    /// Records that the version sealed from `manifest_bytes` was pushed to `volume` (a name
+    /// like `ns/name`), with the proof that the writer held those bytes.
+    pub async fn put_volume_record(
+        &self,
+        volume: &str,
+        manifest_bytes: &[u8],
+    ) -> Result<VolumeRecord> {
         validate_volume_name(volume)?;
         let record = VolumeRecord {
             volume: volume.into(),
-            digest: *digest,
+            digest: Digest::of(manifest_bytes),
             pushed_at: chrono::Utc::now(),
+            proof: Some(Self::record_proof(volume, manifest_bytes)),
         };
         let body = serde_json::to_vec(&record).map_err(|e| Error::Other(e.to_string()))?;
-        let key = ObjectPath::from(format!("volumes/{volume}/{}", digest.hex()));
         self.inner
-            .put(&key, PutPayload::from(body))
+            .put(
+                &Self::volume_record_key(volume, &record.digest),
+                PutPayload::from(body),
+            )
             .await
             .map_err(|e| self.backend(e))?;
         Ok(record)
     }
 
+    /// The proof in a volume record: a BLAKE3 MAC of the volume name keyed by a key derived
+    /// from the manifest's bytes. Only a writer that had the manifest (not just its public
+    /// digest) can make it, so a tenant who may write records under its own namespace's
+    /// prefix cannot claim another namespace's version by naming its digest. (A writer who
+    /// can read every manifest can read every chunk too, so the proof takes nothing from it.)
+    pub fn record_proof(volume: &str, manifest_bytes: &[u8]) -> String {
+        let key = blake3::derive_key("sealedvolumes.io volume record proof v1", manifest_bytes);
+        blake3::keyed_hash(&key, volume.as_bytes())
+            .to_hex()
+            .to_string()
+    }
+
+    fn volume_record_key(volume: &str, digest: &Digest) -> ObjectPath {
+        ObjectPath::from(format!("volumes/{volume}/{}", digest.hex()))
+    }
+
     /// Every volume record, newest first.
     pub async fn list_volume_records(&self) -> Result<Vec<VolumeRecord>> {
+        self.volume_records(ObjectPath::from("volumes")).await
+    }
+
+    /// The records of one volume (`ns/name`), newest first. Records that do not parse, or
+    /// that name another volume or digest than their key, are skipped.
+    pub async fn list_records_of_volume(&self, volume: &str) -> Result<Vec<VolumeRecord>> {
+        validate_volume_name(volume)?;
+        let records = self
+            .volume_records(ObjectPath::from(format!("volumes/{volume}")))
+            .await?;
+        Ok(records.into_iter().filter(|r| r.volume == volume).collect())
+    }
+
+    /// Whether `record`'s proof holds: the writer had the bytes of the manifest it names.
+    /// A record without a proof, or naming a manifest that is not live, does not hold.
+    pub async fn verify_volume_record(&self, record: &VolumeRecord) -> Result<bool> {
+        let Some(proof) = &record.proof else {
+            return Ok(false);
+        };
+        let bytes = match self.get_manifest_bytes(&record.digest).await {
+            Ok(b) => b,
+            Err(Error::UnknownVersion { .. }) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let expected = Self::record_proof(&record.volume, &bytes);
+        // Both are 64 hex characters of a MAC; compare as hashes (constant time).
+        Ok(match blake3::Hash::from_hex(proof) {
+            Ok(given) => blake3::Hash::from_hex(&expected).is_ok_and(|e| e == given),
+            Err(_) => false,
+        })
+    }
+
+    /// Deletes the record of `digest` in `volume`; a missing one is fine.
+    pub async fn delete_volume_record(&self, volume: &str, digest: &Digest) -> Result<()> {
+        validate_volume_name(volume)?;
+        match self
+            .inner
+            .delete(&Self::volume_record_key(volume, digest))
+            .await
+        {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.backend(e)),
+        }
+    }
+
+    async fn volume_records(&self, prefix: ObjectPath) -> Result<Vec<VolumeRecord>> {
         let metas: Vec<_> = self
             .inner
-            .list(Some(&ObjectPath::from("volumes")))
+            .list(Some(&prefix))
             .try_collect()
             .await
             .map_err(|e| self.backend(e))?;
         let mut out = Vec::new();
         for meta in metas {
-            let body = self
-                .inner
-                .get(&meta.location)
-                .await
-                .map_err(|e| self.backend(e))?
-                .bytes()
-                .await
-                .map_err(|e| self.backend(e))?;
-            // A record that does not parse is skipped: it names nothing we can trust.
-            if let Ok(record) = serde_json::from_slice::<VolumeRecord>(&body) {
-                out.push(record);
+            // A record is a few hundred bytes; anything larger is not one of ours.
+            if meta.size > 64 * 1024 {
+                continue;
             }
+            let body = match self.inner.get(&meta.location).await {
+                Ok(got) => got.bytes().await.map_err(|e| self.backend(e))?,
+                // Deleted between the listing and the read.
+                Err(object_store::Error::NotFound { .. }) => continue,
+                Err(e) => return Err(self.backend(e)),
+            };
+            // A record that does not parse, or whose key disagrees with its content, names
+            // nothing we can trust.
+            let Ok(record) = serde_json::from_slice::<VolumeRecord>(&body) else {
+                continue;
+            };
+            if Self::volume_record_key(&record.volume, &record.digest) != meta.location {
+                continue;
+            }
+            out.push(record);
         }
         out.sort_by_key(|r| std::cmp::Reverse(r.pushed_at));
         Ok(out)

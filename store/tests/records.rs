@@ -24,7 +24,10 @@ async fn a_pushed_record_verifies_and_a_forged_one_does_not() {
     let report = push(&store, tree.path(), &opts, Arc::new(NoProgress))
         .await
         .unwrap();
-    let records = store.list_records_of_volume("team-b/private").await.unwrap();
+    let records = store
+        .list_records_of_volume("team-b/private")
+        .await
+        .unwrap();
     assert_eq!(records.len(), 1);
     assert_eq!(records[0].digest, report.digest);
     assert!(store.verify_volume_record(&records[0]).await.unwrap());
@@ -68,10 +71,19 @@ async fn a_pushed_record_verifies_and_a_forged_one_does_not() {
     let key = ObjectPath::from(format!("volumes/team-a/other/{}", report.digest.hex()));
     store
         .object_store()
-        .put(&key, PutPayload::from(serde_json::to_vec(&records[0]).unwrap()))
+        .put(
+            &key,
+            PutPayload::from(serde_json::to_vec(&records[0]).unwrap()),
+        )
         .await
         .unwrap();
-    assert!(store.list_records_of_volume("team-a/other").await.unwrap().is_empty());
+    assert!(
+        store
+            .list_records_of_volume("team-a/other")
+            .await
+            .unwrap()
+            .is_empty()
+    );
 
     // The real writer's proof, recomputed from the manifest: what verify checks.
     let bytes = store.get_manifest_bytes(&report.digest).await.unwrap();
@@ -83,5 +95,11 @@ async fn a_pushed_record_verifies_and_a_forged_one_does_not() {
         .delete_volume_record("team-b/private", &report.digest)
         .await
         .unwrap();
-    assert!(store.list_records_of_volume("team-b/private").await.unwrap().is_empty());
+    assert!(
+        store
+            .list_records_of_volume("team-b/private")
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
