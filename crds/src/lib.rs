@@ -43,6 +43,15 @@ pub const VOLUME_LABEL: &str = "sealedvolumes.io/volume";
 /// sealedvolumes.io/resync="$(date -Is)" --overwrite`.
 pub const RESYNC_ANNOTATION: &str = "sealedvolumes.io/resync";
 
+/// A Secret is used as a source's credentials (`tokenSecretRef`, `credentialsSecretRef`) only
+/// with this label set to `"true"`: `kubectl label secret NAME
+/// sealedvolumes.io/source-credentials=true`.
+pub const SOURCE_CREDENTIALS_LABEL: &str = "sealedvolumes.io/source-credentials";
+
+/// Optional on a source credentials Secret: the hosts it may be sent to, comma-separated
+/// (`host`, `host:port` or `*.domain`), e.g. `"huggingface.co"` or `"*.r2.cloudflarestorage.com"`.
+pub const ALLOWED_HOSTS_ANNOTATION: &str = "sealedvolumes.io/allowed-hosts";
+
 /// The CRDs of this crate, in a stable order.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![SealedVolume::crd(), SealedVolumeVersion::crd()]

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use sealed_store::StoreOptions;
 
+use crate::source::SourcePolicy;
+
 /// Where syncs run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum SyncExecutor {
@@ -37,6 +39,9 @@ pub struct OperatorConfig {
     pub gc_interval: Duration,
     pub gc_dry_run: bool,
     pub gc_grace: Duration,
+    /// What sources tenants may sync and with which credentials (`--allow-file-sources`,
+    /// `--allow-http-sources`, `--ambient-credentials-source`); its store is `store_url`.
+    pub source_policy: SourcePolicy,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -63,6 +68,7 @@ impl OperatorConfig {
             gc_interval: Duration::ZERO,
             gc_dry_run: false,
             gc_grace: Duration::from_secs(3600),
+            source_policy: SourcePolicy::for_store(store_url, None),
         }
     }
 }

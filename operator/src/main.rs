@@ -9,6 +9,8 @@ use clap::{Args, Parser, Subcommand};
 use kube_lease_manager::LeaseManagerBuilder;
 use sealed_crds::Source;
 use sealed_operator::config::{OperatorConfig, SyncExecutor, SyncResources};
+use sealed_operator::source::SourcePolicy;
+use sealed_operator::source_adapter::hide_store;
 use sealed_operator::sync::job::EXIT_PERMANENT;
 use sealed_operator::sync::{Counters, Credentials, SyncFailure, SyncRequest, Termination};
 use sealed_operator::{controller, http, metrics::Metrics};
@@ -61,10 +63,54 @@ impl StoreArgs {
     }
 }
 
+/// What tenants' sources may be (see `sealed_operator::source::policy` and docs/sources.md).
+/// `run` takes them from its flags or environment; a sync Job gets them as flags.
+#[derive(Args)]
+struct PolicyArgs {
+    /// Allow file:// sources (they read the sync process's own files: tests and single-tenant
+    /// setups only)
+    #[arg(long = "allow-file-sources", env = "SEALED_ALLOW_FILE_SOURCES")]
+    allow_file_sources: bool,
+    /// Allow plain-http Hugging Face endpoints and object-store URLs and endpoints
+    #[arg(long = "allow-http-sources", env = "SEALED_ALLOW_HTTP_SOURCES")]
+    allow_http_sources: bool,
+    /// A URL prefix (s3://public-models/, https://minio.internal/shared/) whose sources may be
+    /// read with this process's own credentials (workload identity) when they name no Secret;
+    /// repeatable, or comma-separated in the environment
+    #[arg(
+        long = "ambient-credentials-source",
+        value_name = "PREFIX",
+        env = "SEALED_AMBIENT_CREDENTIALS_SOURCES",
+        value_delimiter = ','
+    )]
+    ambient_credentials_sources: Vec<String>,
+}
+
+impl PolicyArgs {
+    fn policy(&self, store: &StoreArgs) -> anyhow::Result<SourcePolicy> {
+        let policy = SourcePolicy {
+            store_url: Some(store.store.clone()),
+            store_endpoint: store.store_endpoint.clone().filter(|s| !s.is_empty()),
+            allow_file: self.allow_file_sources,
+            allow_http: self.allow_http_sources,
+            ambient_allowed: self
+                .ambient_credentials_sources
+                .iter()
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .collect(),
+        };
+        policy.validate().map_err(anyhow::Error::msg)?;
+        Ok(policy)
+    }
+}
+
 #[derive(Args)]
 struct RunArgs {
     #[command(flatten)]
     store: StoreArgs,
+    #[command(flatten)]
+    policy: PolicyArgs,
     /// Secret (in the operator's namespace) with the store's credentials, given to sync Jobs
     #[arg(long, env = "SEALED_STORE_SECRET")]
     store_secret: Option<String>,
@@ -115,6 +161,9 @@ struct RunArgs {
 struct SyncArgs {
     #[command(flatten)]
     store: StoreArgs,
+    /// The operator's source policy, checked again here
+    #[command(flatten)]
+    policy: PolicyArgs,
     /// The volume, NAMESPACE/NAME
     #[arg(long)]
     volume: String,
@@ -127,6 +176,30 @@ struct SyncArgs {
     /// Where the outcome is written for the operator to read
     #[arg(long, default_value = "/dev/termination-log")]
     termination_log: std::path::PathBuf,
+}
+
+/// What went wrong opening the store, in words that do not name it.
+fn store_failure_kind(e: &anyhow::Error, store_url: &str) -> String {
+    match e.downcast_ref::<sealed_store::Error>() {
+        Some(sealed_store::Error::Timeout { .. }) => "it did not answer in time".into(),
+        Some(sealed_store::Error::StoreNotFound { .. }) => "it does not exist".into(),
+        Some(sealed_store::Error::InvalidStoreUrl { .. }) => "its URL is invalid".into(),
+        Some(sealed_store::Error::Backend { source, .. }) => match source {
+            object_store::Error::PermissionDenied { .. }
+            | object_store::Error::Unauthenticated { .. } => "its credentials were refused".into(),
+            object_store::Error::NotFound { .. } => "its bucket or container was not found".into(),
+            _ => "a request to it failed".into(),
+        },
+        Some(other) => {
+            let text = hide_store(&other.to_string(), store_url);
+            if text.contains("://") {
+                "it failed".into()
+            } else {
+                text
+            }
+        }
+        None => "it failed".into(),
+    }
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -172,6 +245,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             "--sync-image is required with --sync-executor job (the operator's own image)"
         );
     }
+    let source_policy = args.policy.policy(&args.store)?;
     let store = args.store.open().await?;
     let config = OperatorConfig {
         store_url: args.store.store.clone(),
@@ -191,6 +265,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         gc_interval: args.gc_interval,
         gc_dry_run: args.gc_dry_run,
         gc_grace: args.gc_grace,
+        source_policy,
     };
     let client = kube::Client::try_default()
         .await
@@ -255,6 +330,7 @@ async fn sync(args: SyncArgs) -> anyhow::Result<u8> {
         name: name.into(),
         source,
         trigger: args.trigger.clone(),
+        policy: args.policy.policy(&args.store)?,
     };
     let credentials = Credentials::from_env(std::env::vars());
     let counters = Arc::new(Counters::default());
@@ -274,7 +350,18 @@ async fn sync(args: SyncArgs) -> anyhow::Result<u8> {
     };
     let result = match args.store.open().await {
         Ok(store) => sealed_operator::sync::run(&store, &request, &credentials, counters).await,
-        Err(e) => Err(SyncFailure::transient("StoreUnavailable", format!("{e:#}"))),
+        Err(e) => {
+            // The details name the store: this Job's log (in the operator's namespace) has
+            // them; the termination message, which the tenant sees, does not.
+            tracing::error!(error = %sealed_operator::source::redact_urls_in(&format!("{e:#}")), "cannot open the store");
+            Err(SyncFailure::transient(
+                "StoreUnavailable",
+                format!(
+                    "cannot open the store: {}; the sync Job's log in the operator's namespace has the details",
+                    store_failure_kind(&e, &args.store.store)
+                ),
+            ))
+        }
     };
     reporter.abort();
     let (termination, code) = match result {

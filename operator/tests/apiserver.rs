@@ -60,6 +60,8 @@ impl Fixture {
         .expect("store");
         let mut config = OperatorConfig::inline(&url, &ns);
         config.upload_poll = Duration::from_secs(1);
+        // The Hub stand-in speaks plain http on loopback.
+        config.source_policy.allow_http = true;
         let metrics = Arc::new(Metrics::new());
         let operator = {
             let (client, store, metrics) = (client.clone(), store.clone(), metrics.clone());
@@ -404,6 +406,105 @@ async fn missing_secret_is_a_condition_without_a_hot_loop() {
     tokio::time::sleep(Duration::from_secs(5)).await;
     let during = reconciles() - before;
     assert!(during <= 6, "{during} reconciles in 5 s: a hot loop");
+    fx.stop().await;
+}
+
+/// Sources the policy refuses (a local path, the store itself, no credentials) and Secrets
+/// that did not opt in are Synced=False conditions with their reason at once; no sync starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_sources_are_conditions_and_start_no_sync() {
+    let Some(fx) = Fixture::start("refused_sources_are_conditions_and_start_no_sync").await else {
+        return;
+    };
+    let object_store = |url: &str, secret: Option<&str>| {
+        Source::object_store(sealed_crds::ObjectStoreSource {
+            url: url.into(),
+            endpoint: None,
+            region: None,
+            credentials_secret_ref: secret.map(|name| sealed_crds::SecretRef { name: name.into() }),
+        })
+    };
+    // A Secret with credentials, but without the opt-in label.
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(fx.client.clone(), &fx.ns);
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "registry-password"},
+        "stringData": {"AWS_ACCESS_KEY_ID": "AKIA", "AWS_SECRET_ACCESS_KEY": "not-for-sources"},
+    }))
+    .expect("secret");
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("create secret");
+    let store_url = format!("file://{}", fx._store_dir.path().display());
+    let cases = [
+        (
+            "local-path",
+            object_store("file:///etc", None),
+            "SourceRefused",
+            "--allow-file-sources",
+        ),
+        (
+            "the-store",
+            object_store(&store_url, None),
+            "SourceRefused",
+            "--allow-file-sources",
+        ),
+        (
+            "no-secret",
+            object_store("s3://models/llm", None),
+            "CredentialsRequired",
+            "credentialsSecretRef",
+        ),
+        (
+            "not-opted-in",
+            object_store("s3://models/llm", Some("registry-password")),
+            "SecretNotOptedIn",
+            "kubectl label secret",
+        ),
+    ];
+    for (name, source, _, _) in &cases {
+        let volume = SealedVolume::new(
+            name,
+            SealedVolumeSpec {
+                source: source.clone(),
+                tags: BTreeMap::new(),
+                retention: Retention::default(),
+                shared: false,
+            },
+        );
+        fx.volumes()
+            .create(&PostParams::default(), &volume)
+            .await
+            .expect("create");
+    }
+    for (name, _, reason, hint) in &cases {
+        let (got, message) = wait_for(&format!("{name}: Synced False"), || async {
+            let v = fx.volumes().get(name).await.ok()?;
+            let (status, reason, message) = condition(&v, CONDITION_SYNCED)?;
+            (status == "False").then_some((reason, message))
+        })
+        .await;
+        assert_eq!(&got, reason, "{name}: {message}");
+        assert!(message.contains(hint), "{name}: {message}");
+        assert!(!message.contains("not-for-sources"), "{name}: {message}");
+        let v = fx.volumes().get(name).await.expect("volume");
+        let sync = v.status.and_then(|s| s.sync).expect("sync status");
+        assert!(sync.started_at.is_none(), "{name}: a sync started");
+    }
+    assert_eq!(
+        fx.metrics.syncs_started.get(),
+        0,
+        "a refused source started a sync"
+    );
+    // The tenant hears of it as an Event too.
+    let events = events_with_reason(&fx.client, &fx.ns, "SecretNotOptedIn").await;
+    assert!(
+        events.iter().any(|e| e.contains("registry-password")),
+        "{events:?}"
+    );
     fx.stop().await;
 }
 

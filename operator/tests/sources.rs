@@ -1,25 +1,29 @@
 //! Source readers against real servers: a sync seals exactly the digest `sealed push` gives
 //! for the same files, honours include/exclude, reuses unchanged chunks, and fails with the
-//! right reason (and no secret in the message) when it cannot.
+//! right reason (and no secret in the message) when it cannot. The servers here are plain
+//! http on loopback and some sources are `file://`, so these syncs run with the policy's
+//! `allow_http` and `allow_file`; the attacker-endpoint tests at the end check that credentials
+//! never reach an endpoint they do not belong to.
 
 mod support;
 
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, PutPayload};
 use sealed_crds::{HuggingFaceRepoType, HuggingFaceSource, ObjectStoreSource, Source};
 use sealed_operator::source::{
-    NoSyncProgress, SourceCredentials, SourceError, SyncOptions, SyncOutcome, SyncProgress,
-    resolve_revision, sync_source,
+    NoSyncProgress, SourceCredentials, SourceError, SourcePolicy, SyncOptions, SyncOutcome,
+    SyncProgress, resolve_revision, sync_source,
 };
 use sealed_store::push::{PushOptions, push};
 use sealed_store::{ChunkStore, Digest, NoProgress};
 use support::{AZURITE_ACCOUNT, AZURITE_KEY, pseudo_random};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A model-shaped tree: nested directories, an empty file, a file over 8 MiB, one shorter than
 /// the minimum chunk, JSON. (Sources carry no empty directories, symlinks or modes.)
@@ -123,10 +127,20 @@ fn hf(endpoint: &str, repo: &str, revision: &str) -> HuggingFaceSource {
     }
 }
 
+/// The loopback test servers speak plain http, and some sources are directories.
+fn test_policy() -> SourcePolicy {
+    SourcePolicy {
+        allow_file: true,
+        allow_http: true,
+        ..Default::default()
+    }
+}
+
 fn opts() -> SyncOptions {
     SyncOptions {
         retries: 3,
         timeout: std::time::Duration::from_secs(20),
+        policy: test_policy(),
         ..Default::default()
     }
 }
@@ -590,4 +604,443 @@ async fn azure_sync_matches_push() {
     let err = sync(&store, &source, &creds(wrong)).await.unwrap_err();
     assert_eq!(err.reason(), "CredentialsRejected", "{err}");
     assert!(!format!("{err} {err:?}").contains(wrong));
+}
+
+/// A loopback HTTP server that records the head (request line and headers) of every request
+/// and answers with `respond(head)`: an attacker's endpoint, or a Hub stand-in.
+struct Recorder {
+    url: String,
+    requests: Arc<Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Recorder {
+    async fn start(respond: impl Fn(&str) -> Vec<u8> + Send + Sync + 'static) -> Recorder {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let respond = Arc::new(respond);
+        let seen = requests.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let (seen, respond) = (seen.clone(), respond.clone());
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match conn.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let head = String::from_utf8_lossy(&head).into_owned();
+                    seen.lock().unwrap().push(head.clone());
+                    let _ = conn.write_all(&respond(&head)).await;
+                    let _ = conn.shutdown().await;
+                });
+            }
+        });
+        Recorder {
+            url,
+            requests,
+            task,
+        }
+    }
+
+    fn requests(&self) -> Vec<String> {
+        self.requests.lock().unwrap().clone()
+    }
+
+    /// Requests that carried any credential: an Authorization header, an AWS or Azure
+    /// signature or token header, or a signed query.
+    fn with_credentials(&self) -> Vec<String> {
+        self.requests()
+            .into_iter()
+            .filter(|h| {
+                let h = h.to_ascii_lowercase();
+                [
+                    "authorization:",
+                    "x-amz-security-token:",
+                    "x-ms-",
+                    "x-amz-signature",
+                    "sig=",
+                ]
+                .iter()
+                .any(|w| h.contains(w))
+            })
+            .collect()
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn http_response(status: &str, headers: &[(&str, String)], body: &[u8]) -> Vec<u8> {
+    let mut out = format!(
+        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        out.push_str(&format!("{k}: {v}\r\n"));
+    }
+    out.push_str("\r\n");
+    let mut out = out.into_bytes();
+    out.extend_from_slice(body);
+    out
+}
+
+/// The request line's path.
+fn request_path(head: &str) -> &str {
+    head.split_whitespace().nth(1).unwrap_or("")
+}
+
+const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
+
+/// A Hub stand-in: `acme/paged`'s listing points its next page at `next`; `acme/redirect`'s
+/// one file redirects to `next`.
+async fn hostile_hub(next: String) -> Recorder {
+    Recorder::start(move |head| {
+        let path = request_path(head);
+        let json = |body: &str| {
+            http_response(
+                "200 OK",
+                &[("Content-Type", "application/json".into())],
+                body.as_bytes(),
+            )
+        };
+        let tree = r#"[{"type": "file", "path": "a.txt", "size": 5}]"#;
+        if path.contains("/revision/") {
+            json(&format!(r#"{{"sha": "{COMMIT}"}}"#))
+        } else if path.starts_with("/api/models/acme/paged/tree/") {
+            http_response(
+                "200 OK",
+                &[
+                    ("Content-Type", "application/json".into()),
+                    (
+                        "Link",
+                        format!(
+                            "<{next}/api/models/acme/paged/tree/{COMMIT}?cursor=2>; rel=\"next\""
+                        ),
+                    ),
+                ],
+                tree.as_bytes(),
+            )
+        } else if path.starts_with("/api/models/acme/redirect/tree/") {
+            json(tree)
+        } else if path.starts_with("/acme/redirect/resolve/") {
+            http_response(
+                "302 Found",
+                &[("Location", format!("{next}/cdn/a.txt"))],
+                b"",
+            )
+        } else {
+            http_response(
+                "404 Not Found",
+                &[("X-Error-Code", "RepoNotFound".into())],
+                b"",
+            )
+        }
+    })
+    .await
+}
+
+/// An attacker's endpoint: answers everything with 200 "hello" (a 5-byte file, an S3 error).
+async fn attacker() -> Recorder {
+    Recorder::start(|_| http_response("200 OK", &[], b"hello")).await
+}
+
+#[tokio::test]
+async fn hub_token_stays_at_its_origin() {
+    let evil = attacker().await;
+    let hub = hostile_hub(evil.url.clone()).await;
+    let token = "hf_attack_test_token_0123456789";
+    let creds = SourceCredentials {
+        hf_token: Some(token.into()),
+        ..Default::default()
+    };
+
+    // A next page at another origin (another port): never followed, with or without a token.
+    let err = sync(
+        &ChunkStore::memory(),
+        &Source::hugging_face(hf(&hub.url, "acme/paged", "main")),
+        &creds,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.reason(), "SourceError", "{err}");
+    assert!(err.to_string().contains("another origin"), "{err}");
+    assert!(evil.requests().is_empty(), "{:?}", evil.requests());
+    // The Hub itself did get the token: the test would see a leak.
+    assert!(
+        hub.requests()
+            .iter()
+            .any(|h| h.contains(&format!("Bearer {token}"))),
+        "{:?}",
+        hub.requests()
+    );
+
+    // A redirect to another origin is followed (the Hub's CDN), without the token.
+    let ok = sync(
+        &ChunkStore::memory(),
+        &Source::hugging_face(hf(&hub.url, "acme/redirect", "main")),
+        &creds,
+    )
+    .await
+    .unwrap();
+    assert_eq!(ok.files, 1);
+    assert_eq!(evil.requests().len(), 1, "{:?}", evil.requests());
+    assert!(evil.with_credentials().is_empty(), "{:?}", evil.requests());
+
+    // A password in the endpoint: refused before any request, never echoed.
+    let before = hub.requests().len();
+    let with_password = hub.url.replace("http://", "http://user:hunter2pass@");
+    let err = sync(
+        &ChunkStore::memory(),
+        &Source::hugging_face(hf(&with_password, "acme/redirect", "main")),
+        &SourceCredentials::default(),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.reason(), "InvalidSource", "{err}");
+    assert!(!format!("{err} {err:?}").contains("hunter2pass"), "{err:?}");
+    assert_eq!(hub.requests().len(), before);
+
+    // Plain http without the operator's flag: refused before any request.
+    let err = sync_source(
+        &ChunkStore::memory(),
+        &Source::hugging_face(hf(&hub.url, "acme/redirect", "main")),
+        &creds,
+        &SyncOptions {
+            policy: SourcePolicy::default(),
+            ..opts()
+        },
+        Arc::new(NoSyncProgress),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.reason(), "SourceRefused", "{err}");
+    assert_eq!(hub.requests().len(), before);
+}
+
+#[tokio::test]
+async fn object_store_endpoint_gets_no_ambient_credentials() {
+    let evil = attacker().await;
+    let source = bucket_source("s3://models/llm", Some(&evil.url));
+    // No Secret: refused, whatever credentials the process has.
+    let err = sync(
+        &ChunkStore::memory(),
+        &source,
+        &SourceCredentials::default(),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.reason(), "CredentialsRequired", "{err}");
+    let err = resolve_revision(&source, &SourceCredentials::default(), &opts())
+        .await
+        .unwrap_err();
+    assert_eq!(err.reason(), "CredentialsRequired", "{err}");
+    // Allow-listing the bucket does not allow it at another endpoint.
+    let allow_listed = SyncOptions {
+        policy: SourcePolicy {
+            ambient_allowed: vec!["s3://models/".into()],
+            ..test_policy()
+        },
+        ..opts()
+    };
+    let err = sync_source(
+        &ChunkStore::memory(),
+        &source,
+        &SourceCredentials::default(),
+        &allow_listed,
+        Arc::new(NoSyncProgress),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.reason(), "CredentialsRequired", "{err}");
+    // A path-style URL at the attacker, the same.
+    let err = sync(
+        &ChunkStore::memory(),
+        &bucket_source(&format!("{}/models/llm", evil.url), None),
+        &SourceCredentials::default(),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.reason(), "CredentialsRequired", "{err}");
+    // A Secret that tries to move the endpoint: refused.
+    let mut creds = aws("AKIAEXAMPLE", "tenant-secret");
+    creds
+        .object_store
+        .insert("AWS_ENDPOINT".into(), evil.url.clone());
+    let err = sync(
+        &ChunkStore::memory(),
+        &bucket_source("s3://models/llm", None),
+        &creds,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.reason(), "InvalidCredentials", "{err}");
+    assert!(
+        !format!("{err} {err:?}").contains("tenant-secret"),
+        "{err:?}"
+    );
+    assert!(evil.requests().is_empty(), "{:?}", evil.requests());
+}
+
+/// `sealed-operator sync` as a sync Job runs it, with a clean environment.
+async fn sync_process(args: Vec<String>, env: Vec<(String, String)>) -> (i32, serde_json::Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("termination-log");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sealed-operator"));
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", dir.path())
+        .arg("sync")
+        .args(&args)
+        .arg("--termination-log")
+        .arg(&log)
+        .envs(env);
+    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap();
+    let code = out.status.code().unwrap_or(-1);
+    let text = fs::read_to_string(&log).unwrap_or_else(|_| {
+        panic!(
+            "no termination log (exit {code}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (code, serde_json::from_str(&text).unwrap())
+}
+
+#[tokio::test]
+async fn sync_job_keeps_the_store_credentials_to_the_store() {
+    let Some(moto) = support::start_moto("sealed-store", false) else {
+        return;
+    };
+    let evil = attacker().await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("llm");
+    model_tree(&data);
+    let store_key = "STOREKEYID0123456789";
+    let store_env = vec![
+        (
+            "SEALED_STORE_CRED_AWS_ACCESS_KEY_ID".to_string(),
+            store_key.to_string(),
+        ),
+        (
+            "SEALED_STORE_CRED_AWS_SECRET_ACCESS_KEY".to_string(),
+            "store-secret".to_string(),
+        ),
+    ];
+    let store_args = |source: serde_json::Value, extra: &[&str]| {
+        let mut a: Vec<String> = [
+            "--store",
+            "s3://sealed-store/sv",
+            "--store-endpoint",
+            &moto.url,
+            "--store-region",
+            "us-east-1",
+            "--volume",
+            "ml/llm",
+            "--source",
+            &source.to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let file_source =
+        serde_json::json!({"objectStore": {"url": format!("file://{}", data.display())}});
+
+    // The store opens with its credentials under SEALED_STORE_CRED_ (ChunkStore::connect),
+    // and the allowed file source seals the digest `sealed push` gives.
+    let (code, t) = sync_process(
+        store_args(file_source.clone(), &["--allow-file-sources"]),
+        store_env.clone(),
+    )
+    .await;
+    assert_eq!(code, 0, "{t}");
+    assert_eq!(
+        t["succeeded"]["digest"].as_str(),
+        Some(push_digest(&data).await.to_string().as_str()),
+        "{t}"
+    );
+
+    // The Job checks the policy again: without the flag, a file source is refused.
+    let (code, t) = sync_process(store_args(file_source, &[]), store_env.clone()).await;
+    assert_eq!(code, 3, "{t}");
+    assert_eq!(t["failed"]["reason"], "SourceRefused", "{t}");
+
+    // The store itself as a source: refused.
+    let store_source =
+        serde_json::json!({"objectStore": {"url": "s3://sealed-store/", "endpoint": moto.url}});
+    let (code, t) = sync_process(
+        store_args(store_source, &["--allow-http-sources"]),
+        store_env.clone(),
+    )
+    .await;
+    assert_eq!(code, 3, "{t}");
+    assert_eq!(t["failed"]["reason"], "SourceRefused", "{t}");
+
+    // The attacker's endpoint, no Secret: refused; the store's credentials go nowhere.
+    let hostile =
+        serde_json::json!({"objectStore": {"url": "s3://models/x", "endpoint": evil.url}});
+    let (code, t) = sync_process(
+        store_args(hostile, &["--allow-http-sources"]),
+        store_env.clone(),
+    )
+    .await;
+    assert_eq!(code, 3, "{t}");
+    assert_eq!(t["failed"]["reason"], "CredentialsRequired", "{t}");
+    assert!(evil.requests().is_empty(), "{:?}", evil.requests());
+
+    // Even a prefix allow-listed for ambient credentials is read with the process's own
+    // (AWS_*), never with the store's.
+    let allowed = format!("{}/models/", evil.url);
+    let listed = serde_json::json!({"objectStore": {"url": format!("{}/models/x", evil.url)}});
+    let mut env = store_env.clone();
+    env.push(("AWS_ACCESS_KEY_ID".into(), "AMBIENTKEYID".into()));
+    env.push(("AWS_SECRET_ACCESS_KEY".into(), "ambient-secret".into()));
+    let (code, t) = sync_process(
+        store_args(
+            listed,
+            &[
+                "--allow-http-sources",
+                "--ambient-credentials-source",
+                &allowed,
+            ],
+        ),
+        env,
+    )
+    .await;
+    assert_ne!(code, 0, "{t}");
+    let seen = evil.requests();
+    assert!(!seen.is_empty(), "the allow-listed source was not read");
+    assert!(seen.iter().all(|h| !h.contains(store_key)), "{seen:?}");
+    assert!(seen.iter().any(|h| h.contains("AMBIENTKEYID")), "{seen:?}");
+
+    // A store that cannot be opened: the termination message (tenant-visible) does not name it.
+    let dead = "http://127.0.0.1:9";
+    let mut args = store_args(
+        serde_json::json!({"objectStore": {"url": "s3://models/x"}}),
+        &[],
+    );
+    for (i, a) in args.clone().iter().enumerate() {
+        if a == &moto.url {
+            args[i] = dead.into();
+        }
+    }
+    let (code, t) = sync_process(args, store_env).await;
+    assert_eq!(code, 1, "{t}");
+    assert_eq!(t["failed"]["reason"], "StoreUnavailable", "{t}");
+    let message = t["failed"]["message"].as_str().unwrap_or_default();
+    assert!(
+        !message.contains("sealed-store") && !message.contains("127.0.0.1"),
+        "{message}"
+    );
 }

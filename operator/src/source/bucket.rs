@@ -6,11 +6,28 @@
 //! revision. Each object is then streamed into the ingest under its path relative to the
 //! prefix; an object whose ETag moved since the listing fails the sync (`SourceChanged`)
 //! rather than sealing a version the revision does not describe.
+//!
+//! Credentials: the tenant's own Secret, reduced to the keys that say *who* reads (access
+//! keys, a service-account key, an account key or SAS); keys that would change *where* or
+//! *how* (endpoint, bucket, token files, instance metadata, the Azure CLI, proxies) are
+//! refused, and a Secret without the credential itself is refused, so an object-store builder
+//! never falls back to the process's instance role or workload identity. Only a source the
+//! [`SourcePolicy`](super::SourcePolicy) allow-lists ([`Access::Ambient`]) is read with the
+//! process's environment.
+//!
+//! `object_store::parse_url_opts` (0.12) builds with `<Builder>::new()`, not `from_env()`,
+//! so it reads no environment variables itself; what a builder reads at `build()` when it has
+//! no static credentials (AWS_WEB_IDENTITY_TOKEN_FILE / AWS_ROLE_ARN, instance metadata,
+//! `~/.config/gcloud`) is what the credential checks here rule out.
 
 use std::collections::BTreeMap;
+use std::str::FromStr;
 use std::sync::Arc;
 
 use futures::TryStreamExt;
+use object_store::aws::AmazonS3ConfigKey;
+use object_store::azure::AzureConfigKey;
+use object_store::gcp::GoogleConfigKey;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreScheme};
 use sealed_crds::ObjectStoreSource;
@@ -19,17 +36,17 @@ use tokio_util::io::StreamReader;
 use url::Url;
 
 use super::{
-    RemoteFile, SourceCredentials, SourceError, SyncOptions, SyncProgress, Tap, backoff,
-    error_chain, redact, short,
+    Access, RemoteFile, SourceCredentials, SourceError, SyncOptions, SyncProgress, Tap, backoff,
+    error_chain, redact, redact_url, short,
 };
 
-/// Environment prefixes the ambient credentials come from when no Secret is given.
+/// Environment prefixes the ambient credentials come from, for an allow-listed source only.
 const AMBIENT_PREFIXES: [&str; 3] = ["AWS_", "AZURE_", "GOOGLE_"];
 
 pub struct BucketSource {
     store: Arc<dyn ObjectStore>,
     prefix: ObjectPath,
-    /// The URL as written in the spec (it never carries credentials), for messages.
+    /// The URL as written in the spec, redacted ([`redact_url`]), for messages.
     url: String,
     retries: u32,
     secrets: Vec<String>,
@@ -43,23 +60,27 @@ enum Stage {
 }
 
 impl BucketSource {
+    /// Opens the source for reading with `access` (what the policy decided): the Secret's
+    /// keys, the process's environment (allow-listed only), or nothing (`file://`).
     pub(crate) fn open(
         src: &ObjectStoreSource,
         creds: &SourceCredentials,
         opts: &SyncOptions,
+        access: Access,
     ) -> Result<BucketSource, SourceError> {
+        let shown = redact_url(&src.url);
         let url = Url::parse(&src.url)
             .map_err(|e| SourceError::Invalid(format!("spec.source.objectStore.url: {e}")))?;
         if !url.username().is_empty() || url.password().is_some() {
             return Err(SourceError::Invalid(
-                "spec.source.objectStore.url must not carry credentials; use credentialsSecretRef"
+                "spec.source.objectStore.url must not carry a user or password; use credentialsSecretRef"
                     .into(),
             ));
         }
         let (mut scheme, _) = ObjectStoreScheme::parse(&url).map_err(|e| {
             SourceError::Invalid(format!(
-                "{}: {e}; use s3://, gs://, az://, file:// or an https:// URL of an S3 or Azure endpoint",
-                src.url
+                "{shown}: {}; use s3://, gs://, az://, file:// or an https:// URL of an S3 or Azure endpoint",
+                redact_url(&e.to_string())
             ))
         })?;
         // Any other http(s) URL is an S3-compatible endpoint, path-style
@@ -69,30 +90,31 @@ impl BucketSource {
             let rest = url.path().trim_start_matches('/');
             if rest.is_empty() {
                 return Err(SourceError::Invalid(format!(
-                    "{}: name the bucket: https://host/bucket/prefix",
-                    src.url
+                    "{shown}: name the bucket: https://host/bucket/prefix"
                 )));
             }
             url_endpoint = Some(url[..url::Position::BeforePath].to_owned());
             scheme = ObjectStoreScheme::AmazonS3;
             Url::parse(&format!("s3://{rest}")).map_err(|e| {
-                SourceError::Invalid(format!("spec.source.objectStore.url {}: {e}", src.url))
+                SourceError::Invalid(format!("spec.source.objectStore.url {shown}: {e}"))
             })?
         } else {
             url
         };
-        let mut options: BTreeMap<String, String> = BTreeMap::new();
-        if creds.object_store.is_empty() {
-            for (k, v) in std::env::vars() {
-                if AMBIENT_PREFIXES.iter().any(|p| k.starts_with(p)) {
-                    options.insert(k.to_ascii_lowercase(), v);
-                }
+        let mut options: BTreeMap<String, String> = match (access, &scheme) {
+            (_, ObjectStoreScheme::Local) => BTreeMap::new(),
+            // Only a source the policy allow-listed for the process's own identity.
+            (Access::Ambient, _) => std::env::vars()
+                .filter(|(k, _)| AMBIENT_PREFIXES.iter().any(|p| k.starts_with(p)))
+                .map(|(k, v)| (k.to_ascii_lowercase(), v))
+                .collect(),
+            (Access::Own, _) => secret_options(&scheme, &creds.object_store, &shown)?,
+            (Access::Anonymous, _) => {
+                return Err(SourceError::CredentialsRequired(format!(
+                    "{shown}: an object-store source is read with the credentials of its own Secret (spec.source.objectStore.credentialsSecretRef)"
+                )));
             }
-        } else {
-            for (k, v) in &creds.object_store {
-                options.insert(k.to_ascii_lowercase(), v.clone());
-            }
-        }
+        };
         let endpoint = src
             .endpoint
             .as_deref()
@@ -107,11 +129,12 @@ impl BucketSource {
                 if let Some(r) = src.region.as_deref().filter(|r| !r.is_empty()) {
                     options.insert("aws_region".into(), r.into());
                 }
-                if options.contains_key("aws_access_key_id")
-                    != options.contains_key("aws_secret_access_key")
+                if access == Access::Ambient
+                    && options.contains_key("aws_access_key_id")
+                        != options.contains_key("aws_secret_access_key")
                 {
                     return Err(SourceError::InvalidCredentials {
-                        url: src.url.clone(),
+                        url: shown.clone(),
                         detail: "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY go together; one is missing".into(),
                     });
                 }
@@ -129,8 +152,7 @@ impl BucketSource {
             ObjectStoreScheme::Local => {}
             other => {
                 return Err(SourceError::Invalid(format!(
-                    "{}: {other:?} URLs are not a supported source; use s3://, gs://, az:// or file://",
-                    src.url
+                    "{shown}: {other:?} URLs are not a supported source; use s3://, gs://, az:// or file://"
                 )));
             }
         }
@@ -146,9 +168,12 @@ impl BucketSource {
             format!("{}s", opts.timeout.as_secs().clamp(1, 10)),
         );
         let secrets = creds.secrets();
+        // parse_url_opts reads no environment (it starts from `<Builder>::new()`); the
+        // options are all there is, besides what `build()` falls back to without static
+        // credentials, which `secret_options` rules out.
         let (store, parsed_prefix) = object_store::parse_url_opts(&url, options).map_err(|e| {
             SourceError::InvalidCredentials {
-                url: src.url.clone(),
+                url: shown.clone(),
                 detail: redact(&error_chain(&e), &secrets),
             }
         })?;
@@ -158,13 +183,13 @@ impl BucketSource {
         let prefix = match url.scheme() {
             "https" | "http" => parsed_prefix,
             _ => ObjectPath::from_url_path(url.path()).map_err(|e| {
-                SourceError::Invalid(format!("spec.source.objectStore.url {}: {e}", src.url))
+                SourceError::Invalid(format!("spec.source.objectStore.url {shown}: {e}"))
             })?,
         };
         Ok(BucketSource {
             store: Arc::from(store),
             prefix,
-            url: src.url.clone(),
+            url: shown,
             retries: opts.retries,
             secrets,
         })
@@ -339,10 +364,318 @@ impl BucketSource {
     }
 }
 
+/// What a key of a source Secret is to an object-store builder.
+#[derive(Debug, PartialEq, Eq)]
+enum SecretKey {
+    /// Says who reads: passed on.
+    Credential,
+    /// Would change where or how the source is read (endpoint, bucket, token files, instance
+    /// metadata, the Azure CLI, client settings): refused.
+    Refused,
+    /// Not a key of this builder (another provider's, or none at all): left out.
+    Other,
+}
+
+/// Classifies `key` (lowercase) for the builder of `scheme`.
+fn secret_key(scheme: &ObjectStoreScheme, key: &str) -> SecretKey {
+    let credential = match scheme {
+        ObjectStoreScheme::AmazonS3 => match AmazonS3ConfigKey::from_str(key) {
+            Ok(
+                AmazonS3ConfigKey::AccessKeyId
+                | AmazonS3ConfigKey::SecretAccessKey
+                | AmazonS3ConfigKey::Token
+                | AmazonS3ConfigKey::Region
+                | AmazonS3ConfigKey::DefaultRegion,
+            ) => Some(true),
+            Ok(_) => Some(false),
+            Err(_) => None,
+        },
+        ObjectStoreScheme::GoogleCloudStorage => match GoogleConfigKey::from_str(key) {
+            Ok(GoogleConfigKey::ServiceAccountKey) => Some(true),
+            Ok(_) => Some(false),
+            Err(_) => None,
+        },
+        ObjectStoreScheme::MicrosoftAzure => match AzureConfigKey::from_str(key) {
+            Ok(
+                AzureConfigKey::AccountName
+                | AzureConfigKey::AccessKey
+                | AzureConfigKey::SasKey
+                | AzureConfigKey::Token
+                | AzureConfigKey::ClientId
+                | AzureConfigKey::ClientSecret
+                | AzureConfigKey::AuthorityId,
+            ) => Some(true),
+            Ok(_) => Some(false),
+            Err(_) => None,
+        },
+        _ => None,
+    };
+    match credential {
+        Some(true) => SecretKey::Credential,
+        Some(false) => SecretKey::Refused,
+        None => SecretKey::Other,
+    }
+}
+
+/// The builder options from a source Secret: its credential keys (lowercased); a refused key
+/// or a Secret without the credential itself is an `InvalidCredentials` naming the key.
+fn secret_options(
+    scheme: &ObjectStoreScheme,
+    secret: &BTreeMap<String, String>,
+    shown: &str,
+) -> Result<BTreeMap<String, String>, SourceError> {
+    let invalid = |detail: String| SourceError::InvalidCredentials {
+        url: shown.to_owned(),
+        detail,
+    };
+    let (allowed, needed) = match scheme {
+        ObjectStoreScheme::AmazonS3 => (
+            "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION",
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+        ),
+        ObjectStoreScheme::GoogleCloudStorage => {
+            ("GOOGLE_SERVICE_ACCOUNT_KEY", "GOOGLE_SERVICE_ACCOUNT_KEY")
+        }
+        _ => (
+            "AZURE_STORAGE_ACCOUNT_NAME, AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_TOKEN, AZURE_STORAGE_TOKEN, AZURE_STORAGE_CLIENT_ID, AZURE_STORAGE_CLIENT_SECRET, AZURE_STORAGE_TENANT_ID",
+            "AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_TOKEN, AZURE_STORAGE_TOKEN, or AZURE_STORAGE_CLIENT_ID with AZURE_STORAGE_CLIENT_SECRET and AZURE_STORAGE_TENANT_ID",
+        ),
+    };
+    let mut options = BTreeMap::new();
+    for (k, v) in secret {
+        let key = k.to_ascii_lowercase();
+        match secret_key(scheme, &key) {
+            SecretKey::Credential => {
+                options.insert(key, v.clone());
+            }
+            SecretKey::Refused => {
+                return Err(invalid(format!(
+                    "key {k} is not allowed in a source credentials Secret: it would change where or how the source is read (set an endpoint in spec.source.objectStore.endpoint); allowed keys: {allowed}"
+                )));
+            }
+            SecretKey::Other => {}
+        }
+    }
+    let has = |pred: &dyn Fn(&str) -> bool| options.keys().any(|k| pred(k));
+    let complete = match scheme {
+        ObjectStoreScheme::AmazonS3 => {
+            let id = has(&|k| {
+                AmazonS3ConfigKey::from_str(k).ok() == Some(AmazonS3ConfigKey::AccessKeyId)
+            });
+            let secret = has(&|k| {
+                AmazonS3ConfigKey::from_str(k).ok() == Some(AmazonS3ConfigKey::SecretAccessKey)
+            });
+            if id != secret {
+                return Err(invalid(
+                    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY go together; one is missing"
+                        .into(),
+                ));
+            }
+            id
+        }
+        ObjectStoreScheme::GoogleCloudStorage => {
+            has(&|k| GoogleConfigKey::from_str(k).ok() == Some(GoogleConfigKey::ServiceAccountKey))
+        }
+        _ => {
+            let is = |want: AzureConfigKey| {
+                move |k: &str| AzureConfigKey::from_str(k).ok() == Some(want)
+            };
+            has(&is(AzureConfigKey::AccessKey))
+                || has(&is(AzureConfigKey::SasKey))
+                || has(&is(AzureConfigKey::Token))
+                || (has(&is(AzureConfigKey::ClientId))
+                    && has(&is(AzureConfigKey::ClientSecret))
+                    && has(&is(AzureConfigKey::AuthorityId)))
+        }
+    };
+    if !complete {
+        return Err(invalid(format!(
+            "the Secret in credentialsSecretRef has no credentials for this store: it needs {needed} (a source is never read with the operator's own identity)"
+        )));
+    }
+    Ok(options)
+}
+
 /// An ETag without its quotes or weak marker (stores differ between listings and GETs).
 fn normal_etag(etag: &str) -> String {
     etag.trim()
         .trim_start_matches("W/")
         .trim_matches('"')
         .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn secret_keys_say_who_never_where() {
+        let s3 = ObjectStoreScheme::AmazonS3;
+        let ok = secret_options(
+            &s3,
+            &keys(&[
+                ("AWS_ACCESS_KEY_ID", "AKIA"),
+                ("AWS_SECRET_ACCESS_KEY", "s3cret"),
+                ("AWS_REGION", "eu-west-1"),
+                // Another provider's key, or none at all: left out.
+                ("AZURE_STORAGE_ACCOUNT_KEY", "x"),
+                ("README", "hello"),
+            ]),
+            "s3://b/p",
+        )
+        .unwrap();
+        assert_eq!(
+            ok.keys().map(String::as_str).collect::<Vec<_>>(),
+            ["aws_access_key_id", "aws_region", "aws_secret_access_key"]
+        );
+        for refused in [
+            "AWS_ENDPOINT",
+            "ENDPOINT",
+            "AWS_BUCKET",
+            "AWS_WEB_IDENTITY_TOKEN_FILE",
+            "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+            "AWS_METADATA_ENDPOINT",
+            "AWS_ALLOW_HTTP",
+            "AWS_PROXY_URL",
+        ] {
+            let err = secret_options(
+                &s3,
+                &keys(&[
+                    ("AWS_ACCESS_KEY_ID", "AKIA"),
+                    ("AWS_SECRET_ACCESS_KEY", "s3cret"),
+                    (refused, "x"),
+                ]),
+                "s3://b/p",
+            )
+            .unwrap_err();
+            assert_eq!(err.reason(), "InvalidCredentials", "{refused}");
+            assert!(err.to_string().contains(refused), "{err}");
+        }
+        // Without the credential itself the builder would use the instance role: refused.
+        for secret in [
+            keys(&[("AWS_REGION", "us-east-1")]),
+            keys(&[("GOOGLE_SERVICE_ACCOUNT_KEY", "{}")]),
+        ] {
+            let err = secret_options(&s3, &secret, "s3://b/p").unwrap_err();
+            assert_eq!(err.reason(), "InvalidCredentials", "{err}");
+        }
+        let err =
+            secret_options(&s3, &keys(&[("AWS_ACCESS_KEY_ID", "AKIA")]), "s3://b/p").unwrap_err();
+        assert!(err.to_string().contains("go together"), "{err}");
+
+        let gcs = ObjectStoreScheme::GoogleCloudStorage;
+        assert!(
+            secret_options(
+                &gcs,
+                &keys(&[("GOOGLE_SERVICE_ACCOUNT_KEY", "{}")]),
+                "gs://b"
+            )
+            .is_ok()
+        );
+        for refused in [
+            "GOOGLE_SERVICE_ACCOUNT",
+            "GOOGLE_APPLICATION_CREDENTIALS",
+            "GOOGLE_BUCKET",
+        ] {
+            assert!(
+                secret_options(
+                    &gcs,
+                    &keys(&[("GOOGLE_SERVICE_ACCOUNT_KEY", "{}"), (refused, "/etc/x")]),
+                    "gs://b"
+                )
+                .is_err(),
+                "{refused}"
+            );
+        }
+
+        let az = ObjectStoreScheme::MicrosoftAzure;
+        assert!(
+            secret_options(
+                &az,
+                &keys(&[
+                    ("AZURE_STORAGE_ACCOUNT_NAME", "a"),
+                    ("AZURE_STORAGE_ACCOUNT_KEY", "k")
+                ]),
+                "az://c"
+            )
+            .is_ok()
+        );
+        assert!(
+            secret_options(
+                &az,
+                &keys(&[
+                    ("AZURE_STORAGE_ACCOUNT_NAME", "a"),
+                    ("AZURE_STORAGE_SAS_TOKEN", "sv=1")
+                ]),
+                "az://c"
+            )
+            .is_ok()
+        );
+        // A client id alone would mean the managed identity: no credential.
+        assert!(
+            secret_options(
+                &az,
+                &keys(&[
+                    ("AZURE_STORAGE_ACCOUNT_NAME", "a"),
+                    ("AZURE_CLIENT_ID", "id")
+                ]),
+                "az://c"
+            )
+            .is_err()
+        );
+        for refused in [
+            "AZURE_STORAGE_USE_EMULATOR",
+            "AZURE_USE_AZURE_CLI",
+            "AZURE_FEDERATED_TOKEN_FILE",
+            "AZURE_MSI_ENDPOINT",
+            "AZURE_STORAGE_ENDPOINT",
+            "AZURE_CONTAINER_NAME",
+        ] {
+            assert!(
+                secret_options(
+                    &az,
+                    &keys(&[("AZURE_STORAGE_ACCOUNT_KEY", "k"), (refused, "true")]),
+                    "az://c"
+                )
+                .is_err(),
+                "{refused}"
+            );
+        }
+    }
+
+    #[test]
+    fn without_ambient_access_the_environment_is_never_read() {
+        let src = ObjectStoreSource {
+            url: "s3://models/llm".into(),
+            endpoint: None,
+            region: None,
+            credentials_secret_ref: None,
+        };
+        // No Secret and no ambient access: refused before any builder runs.
+        let err = BucketSource::open(
+            &src,
+            &SourceCredentials::default(),
+            &SyncOptions::default(),
+            Access::Anonymous,
+        )
+        .err()
+        .expect("refused");
+        assert_eq!(err.reason(), "CredentialsRequired");
+        // A Secret with only a region would fall back to the instance role: refused.
+        let creds = SourceCredentials {
+            hf_token: None,
+            object_store: keys(&[("AWS_REGION", "us-east-1")]),
+        };
+        let err = BucketSource::open(&src, &creds, &SyncOptions::default(), Access::Own)
+            .err()
+            .expect("refused");
+        assert_eq!(err.reason(), "InvalidCredentials");
+    }
 }

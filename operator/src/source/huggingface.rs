@@ -6,6 +6,15 @@
 //! - `GET {endpoint}[/datasets]/{repo}/resolve/{commit}/{path}` → the bytes (LFS files through
 //!   a redirect to the CDN, which reqwest follows; it drops `Authorization` across hosts).
 //!
+//! The token goes only to the endpoint's origin. Pagination (`Link: rel="next"`) is followed
+//! only within the endpoint's origin (scheme, host, port); anything else is a `Protocol` error,
+//! never a request. Redirects: reqwest 0.12's default policy
+//! (`redirect::remove_sensitive_headers`) drops `Authorization` when the host or the port
+//! (`port_or_known_default`) changes, but keeps it when only the scheme does, e.g.
+//! `https://h:8443` → `http://h:8443`; [`redirect_allowed`] refuses every https → http
+//! redirect and every scheme change on the same host and port, so the token never leaves its
+//! origin and never travels in the clear after an https start.
+//!
 //! Everything is pinned to the commit the revision resolved to, so a branch that moves during
 //! the sync cannot mix two commits. LFS files are checked against the SHA-256 the tree
 //! publishes (and the ETag) while they stream.
@@ -23,8 +32,11 @@ use url::Url;
 
 use super::{
     RemoteFile, SourceCredentials, SourceError, SyncOptions, SyncProgress, Tap, backoff,
-    error_chain, globset, redact, short,
+    error_chain, globset, redact, redact_url, short,
 };
+
+/// Redirects followed at most (reqwest's default limit).
+const MAX_REDIRECTS: usize = 10;
 
 /// The public Hub.
 pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
@@ -80,19 +92,8 @@ impl HubSource {
         creds: &SourceCredentials,
         opts: &SyncOptions,
     ) -> Result<HubSource, SourceError> {
-        let raw = src
-            .endpoint
-            .as_deref()
-            .filter(|e| !e.is_empty())
-            .unwrap_or(DEFAULT_ENDPOINT);
-        let endpoint = Url::parse(raw)
-            .ok()
-            .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some())
-            .ok_or_else(|| {
-                SourceError::Invalid(format!(
-                    "spec.source.huggingFace.endpoint {raw:?} is not an http(s) URL"
-                ))
-            })?;
+        // http(s), a host, no user, password, query or fragment.
+        let endpoint = super::policy::hub_endpoint(src)?;
         let valid_part = |p: &str| {
             !p.is_empty()
                 && p.bytes()
@@ -115,6 +116,12 @@ impl HubSource {
             .connect_timeout(opts.timeout)
             .read_timeout(opts.timeout)
             .user_agent(concat!("sealed-volumes/", env!("CARGO_PKG_VERSION")))
+            .redirect(reqwest::redirect::Policy::custom(
+                |attempt| match redirect_allowed(attempt.url(), attempt.previous()) {
+                    Ok(()) => attempt.follow(),
+                    Err(why) => attempt.error(why),
+                },
+            ))
             .build()
             .map_err(|e| SourceError::Invalid(format!("HTTP client: {e}")))?;
         Ok(HubSource {
@@ -137,7 +144,8 @@ impl HubSource {
             HuggingFaceRepoType::Model => "",
             HuggingFaceRepoType::Dataset => "datasets/",
         };
-        let host = self.endpoint.as_str().trim_end_matches('/');
+        let shown = redact_url(self.endpoint.as_str());
+        let host = shown.trim_end_matches('/');
         if host == DEFAULT_ENDPOINT {
             format!("hf://{kind}{}", self.repo)
         } else {
@@ -199,6 +207,20 @@ impl HubSource {
             }
             let resp = self.get(url.clone(), Stage::Tree, "the file tree").await?;
             let next = next_link(resp.headers(), &url);
+            if let Some(n) = &next
+                && !same_origin(n, &self.endpoint)
+            {
+                // The token would follow the link: never to another origin.
+                return Err(SourceError::Protocol {
+                    what: self.describe(),
+                    detail: format!(
+                        "the tree listing's next page is at another origin ({}); not followed: \
+                         pagination must stay at {}",
+                        redact_url(n.as_str()),
+                        self.endpoint.origin().ascii_serialization()
+                    ),
+                });
+            }
             let entries: Vec<TreeEntry> = resp.json().await.map_err(|e| self.protocol(&e))?;
             for e in entries {
                 if e.kind != "file" || !self.wanted(&e.path) {
@@ -380,6 +402,13 @@ impl HubSource {
                     }
                     format!("HTTP {status}")
                 }
+                Err(e) if e.is_redirect() => {
+                    // A refused redirect (https to http, too many): retrying cannot help.
+                    return Err(SourceError::Protocol {
+                        what: format!("{} ({what})", self.describe()),
+                        detail: redact(&error_chain(&e), &self.secrets),
+                    });
+                }
                 Err(e) => {
                     let detail = redact(&error_chain(&e), &self.secrets);
                     if attempt >= self.retries {
@@ -417,7 +446,9 @@ impl HubSource {
         };
         let repo_not_found = || SourceError::RepoNotFound {
             repo: self.repo.clone(),
-            endpoint: self.endpoint.as_str().trim_end_matches('/').to_owned(),
+            endpoint: redact_url(self.endpoint.as_str())
+                .trim_end_matches('/')
+                .to_owned(),
         };
         match (status, code.as_str()) {
             (_, "RevisionNotFound") => SourceError::RevisionNotFound {
@@ -477,6 +508,39 @@ fn etag(headers: &HeaderMap) -> Option<String> {
     })
 }
 
+/// Same scheme, host and port: where the token may go.
+fn same_origin(a: &Url, b: &Url) -> bool {
+    a.origin() == b.origin() && a.origin().is_tuple()
+}
+
+/// Whether a redirect to `next` may be followed after `previous` (the original URL first):
+/// never from https to http, never a scheme change on the same host and port (reqwest would
+/// keep `Authorization` there), at most [`MAX_REDIRECTS`]. reqwest itself drops
+/// `Authorization` when the host or port changes.
+fn redirect_allowed(next: &Url, previous: &[Url]) -> Result<(), String> {
+    if previous.len() >= MAX_REDIRECTS {
+        return Err(format!("more than {MAX_REDIRECTS} redirects"));
+    }
+    if next.scheme() != "https" && previous.iter().any(|u| u.scheme() == "https") {
+        return Err(format!(
+            "redirect from https to {} refused: {}",
+            next.scheme(),
+            redact_url(next.as_str())
+        ));
+    }
+    if let Some(last) = previous.last()
+        && last.scheme() != next.scheme()
+        && last.host_str() == next.host_str()
+        && last.port_or_known_default() == next.port_or_known_default()
+    {
+        return Err(format!(
+            "redirect to another scheme on the same host and port refused: {}",
+            redact_url(next.as_str())
+        ));
+    }
+    Ok(())
+}
+
 /// The `rel="next"` target of a `Link` header, resolved against the current URL.
 fn next_link(headers: &HeaderMap, base: &Url) -> Option<Url> {
     for value in headers.get_all(LINK) {
@@ -519,6 +583,70 @@ mod tests {
         );
         h.insert(LINK, HeaderValue::from_static("</p2>; rel=\"prev\""));
         assert!(next_link(&h, &base).is_none());
+    }
+
+    #[test]
+    fn pagination_stays_at_the_origin() {
+        let endpoint = Url::parse("https://hub.example.com").unwrap();
+        let base =
+            Url::parse("https://hub.example.com/api/models/a/b/tree/c?recursive=true").unwrap();
+        let next = |link: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(LINK, reqwest::header::HeaderValue::from_static(link));
+            next_link(&h, &base).unwrap()
+        };
+        assert!(same_origin(
+            &next("</api/models/a/b/tree/c?cursor=2>; rel=\"next\""),
+            &endpoint
+        ));
+        assert!(same_origin(
+            &next("<https://hub.example.com:443/api/x?cursor=2>; rel=\"next\""),
+            &endpoint
+        ));
+        for foreign in [
+            "<http://hub.example.com/api/x?cursor=2>; rel=\"next\"",
+            "<https://hub.example.com:8443/api/x>; rel=\"next\"",
+            "<https://attacker.example.com/api/x>; rel=\"next\"",
+            "<//attacker.example.com/api/x>; rel=\"next\"",
+        ] {
+            assert!(!same_origin(&next(foreign), &endpoint), "{foreign}");
+        }
+    }
+
+    #[test]
+    fn redirects_keep_the_token_at_home() {
+        let u = |s: &str| Url::parse(s).unwrap();
+        // The Hub's LFS redirect to its CDN: followed (reqwest drops the token across hosts).
+        assert!(
+            redirect_allowed(
+                &u("https://cdn-lfs.hf.co/x"),
+                &[u("https://huggingface.co/a/b/resolve/c/f")]
+            )
+            .is_ok()
+        );
+        assert!(
+            redirect_allowed(&u("http://127.0.0.1:1/cdn/x"), &[u("http://127.0.0.1:1/r")]).is_ok()
+        );
+        // https -> http, directly or later in the chain: refused.
+        let err = redirect_allowed(
+            &u("http://cdn.example.com/x?sig=s3cret"),
+            &[u("https://hub/r")],
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("https to http") && !err.contains("s3cret"),
+            "{err}"
+        );
+        assert!(
+            redirect_allowed(&u("http://c/x"), &[u("https://hub/r"), u("https://cdn/y")]).is_err()
+        );
+        // Same host and port, other scheme: reqwest would keep Authorization.
+        assert!(redirect_allowed(&u("https://h:8443/x"), &[u("http://h:8443/r")]).is_err());
+        // Too many.
+        let chain: Vec<Url> = (0..MAX_REDIRECTS)
+            .map(|i| u(&format!("https://h/{i}")))
+            .collect();
+        assert!(redirect_allowed(&u("https://h/last"), &chain).is_err());
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! Source readers: stream a Hugging Face repository or an object-store prefix into the store
 //! and seal it, with nothing staged on disk.
 //!
-//! [`sync_source`] is the one entry point. It resolves the source to an immutable revision (a
+//! [`sync_source`] is the one entry point. It first checks the source against the
+//! [`SourcePolicy`] (never the store, never a local path or plain http without the operator's
+//! flags, never the process's own credentials unless allow-listed), then resolves the source to an immutable revision (a
 //! Hub commit, or a hash of the listing's ETags), lists the files, streams each one through
 //! [`sealed_store::ingest::Ingest`] (the same chunker and manifest as `sealed push`, so the same
 //! files give the same digest) and seals the version. The operator's controller calls it inline;
@@ -11,6 +13,9 @@
 
 pub mod bucket;
 pub mod huggingface;
+pub mod policy;
+
+pub use policy::{Access, SourcePolicy};
 
 use std::collections::BTreeMap;
 use std::io;
@@ -36,8 +41,8 @@ pub struct SourceCredentials {
     /// Object-store settings as environment-style keys: AWS_ACCESS_KEY_ID,
     /// AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AZURE_STORAGE_ACCOUNT_NAME,
     /// AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_TOKEN, GOOGLE_SERVICE_ACCOUNT_KEY, ...
-    /// Empty means the ambient credentials of the process (its environment, workload
-    /// identity, instance role).
+    /// Empty means none: such a source is refused unless the [`SourcePolicy`] allow-lists it
+    /// for the ambient credentials of the process (its environment, workload identity).
     pub object_store: BTreeMap<String, String>,
 }
 
@@ -92,6 +97,8 @@ pub struct SyncOptions {
     pub retries: u32,
     /// Connect and read timeout of each request (not of a whole download).
     pub timeout: Duration,
+    /// What may be read and how; checked before any request. The default is the strictest.
+    pub policy: SourcePolicy,
 }
 
 impl Default for SyncOptions {
@@ -102,6 +109,7 @@ impl Default for SyncOptions {
             parallel_files: 4,
             retries: 5,
             timeout: Duration::from_secs(60),
+            policy: SourcePolicy::default(),
         }
     }
 }
@@ -163,6 +171,16 @@ impl Progress for IngestProgress {
 pub enum SourceError {
     #[error("invalid source: {0}")]
     Invalid(String),
+
+    /// The [`SourcePolicy`] does not admit the source (the store itself, a local path, plain
+    /// http).
+    #[error("source refused: {0}")]
+    Refused(String),
+
+    /// An object-store source that names no Secret and is not allow-listed for ambient
+    /// credentials.
+    #[error("credentials required: {0}")]
+    CredentialsRequired(String),
 
     #[error("an upload source has nothing to sync: its versions arrive from `sealed push`")]
     NotSyncable,
@@ -228,6 +246,8 @@ impl SourceError {
     pub fn reason(&self) -> &'static str {
         match self {
             SourceError::Invalid(_) => "InvalidSource",
+            SourceError::Refused(_) => "SourceRefused",
+            SourceError::CredentialsRequired(_) => "CredentialsRequired",
             SourceError::NotSyncable => "NotSyncable",
             SourceError::RepoNotFound { .. } => "RepoNotFound",
             SourceError::RevisionNotFound { .. } => "RevisionNotFound",
@@ -257,6 +277,81 @@ impl SourceError {
     }
 }
 
+impl SourceError {
+    /// The same error with every URL in its texts stripped of user, password and query
+    /// ([`redact_urls_in`]).
+    pub fn redacted(self) -> SourceError {
+        let r = |s: String| redact_urls_in(&s);
+        match self {
+            SourceError::Invalid(m) => SourceError::Invalid(r(m)),
+            SourceError::Refused(m) => SourceError::Refused(r(m)),
+            SourceError::CredentialsRequired(m) => SourceError::CredentialsRequired(r(m)),
+            SourceError::NotSyncable => SourceError::NotSyncable,
+            SourceError::RepoNotFound { repo, endpoint } => SourceError::RepoNotFound {
+                repo,
+                endpoint: r(endpoint),
+            },
+            SourceError::RevisionNotFound { repo, revision } => {
+                SourceError::RevisionNotFound { repo, revision }
+            }
+            SourceError::AccessDenied { what, detail } => SourceError::AccessDenied {
+                what: r(what),
+                detail: r(detail),
+            },
+            SourceError::CredentialsRejected { url, detail } => SourceError::CredentialsRejected {
+                url: r(url),
+                detail: r(detail),
+            },
+            SourceError::InvalidCredentials { url, detail } => SourceError::InvalidCredentials {
+                url: r(url),
+                detail: r(detail),
+            },
+            SourceError::BucketNotFound { url, detail } => SourceError::BucketNotFound {
+                url: r(url),
+                detail: r(detail),
+            },
+            SourceError::IntegrityMismatch {
+                what,
+                path,
+                expected,
+                actual,
+            } => SourceError::IntegrityMismatch {
+                what: r(what),
+                path,
+                expected,
+                actual,
+            },
+            SourceError::SourceChanged { what, path, detail } => SourceError::SourceChanged {
+                what: r(what),
+                path,
+                detail: r(detail),
+            },
+            SourceError::NoFiles { what, detail } => SourceError::NoFiles {
+                what: r(what),
+                detail: r(detail),
+            },
+            SourceError::Unavailable { what, detail } => SourceError::Unavailable {
+                what: r(what),
+                detail: r(detail),
+            },
+            SourceError::Protocol { what, detail } => SourceError::Protocol {
+                what: r(what),
+                detail: r(detail),
+            },
+            SourceError::Store(e) => SourceError::Store(e),
+        }
+    }
+}
+
+/// Whether `creds` hold anything for `source` (a token, object-store keys).
+fn has_credentials(source: &Source, creds: &SourceCredentials) -> bool {
+    match source.kind() {
+        Ok(SourceKind::HuggingFace(_)) => creds.hf_token.as_deref().is_some_and(|t| !t.is_empty()),
+        Ok(SourceKind::ObjectStore(_)) => !creds.object_store.is_empty(),
+        _ => false,
+    }
+}
+
 /// One file to stream: where it lands in the version and what the source promised.
 #[derive(Clone, Debug)]
 pub(crate) struct RemoteFile {
@@ -280,11 +375,18 @@ enum Opened {
 }
 
 impl Opened {
+    /// Checks `source` against the policy (and against `store`, the store the sync writes
+    /// to), then opens it. Nothing is requested before the check.
     fn open(
         source: &Source,
         creds: &SourceCredentials,
         opts: &SyncOptions,
+        store: Option<&ChunkStore>,
     ) -> Result<Opened, SourceError> {
+        let access = opts.policy.check(source, has_credentials(source, creds))?;
+        if let (Some(store), Ok(SourceKind::ObjectStore(os))) = (store, source.kind()) {
+            policy::refuse_store(os, store.name())?;
+        }
         match source
             .kind()
             .map_err(|e| SourceError::Invalid(e.to_string()))?
@@ -292,9 +394,9 @@ impl Opened {
             SourceKind::HuggingFace(hf) => Ok(Opened::Hub(Box::new(huggingface::HubSource::open(
                 hf, creds, opts,
             )?))),
-            SourceKind::ObjectStore(os) => {
-                Ok(Opened::Bucket(bucket::BucketSource::open(os, creds, opts)?))
-            }
+            SourceKind::ObjectStore(os) => Ok(Opened::Bucket(bucket::BucketSource::open(
+                os, creds, opts, access,
+            )?)),
             SourceKind::Upload(_) => Err(SourceError::NotSyncable),
         }
     }
@@ -314,10 +416,13 @@ pub async fn resolve_revision(
     creds: &SourceCredentials,
     opts: &SyncOptions,
 ) -> Result<String, SourceError> {
-    match Opened::open(source, creds, opts)? {
-        Opened::Hub(hub) => hub.resolve().await,
-        Opened::Bucket(bucket) => Ok(bucket.list().await?.0),
-    }
+    let resolved = async {
+        match Opened::open(source, creds, opts, None)? {
+            Opened::Hub(hub) => hub.resolve().await,
+            Opened::Bucket(bucket) => Ok(bucket.list().await?.0),
+        }
+    };
+    resolved.await.map_err(SourceError::redacted)
 }
 
 /// Streams `source` into `store` and seals it as one version; see the module docs.
@@ -328,7 +433,19 @@ pub async fn sync_source(
     opts: &SyncOptions,
     progress: Arc<dyn SyncProgress>,
 ) -> Result<SyncOutcome, SourceError> {
-    let opened = Opened::open(source, creds, opts)?;
+    sync_inner(store, source, creds, opts, progress)
+        .await
+        .map_err(SourceError::redacted)
+}
+
+async fn sync_inner(
+    store: &ChunkStore,
+    source: &Source,
+    creds: &SourceCredentials,
+    opts: &SyncOptions,
+    progress: Arc<dyn SyncProgress>,
+) -> Result<SyncOutcome, SourceError> {
+    let opened = Opened::open(source, creds, opts, Some(store))?;
     let what = opened.describe();
     let (revision, files) = match &opened {
         Opened::Hub(hub) => {
@@ -384,9 +501,10 @@ pub async fn sync_source(
     })
 }
 
-/// Replaces every secret value in `text` with `***`.
+/// Replaces every secret value in `text` with `***`, and strips every URL in it of user,
+/// password and query ([`redact_urls_in`]).
 pub(crate) fn redact(text: &str, secrets: &[String]) -> String {
-    let mut out = text.to_owned();
+    let mut out = redact_urls_in(text);
     for secret in secrets {
         if out.contains(secret.as_str()) {
             out = out.replace(secret.as_str(), "***");
@@ -395,7 +513,40 @@ pub(crate) fn redact(text: &str, secrets: &[String]) -> String {
     out
 }
 
-/// An error's message with its causes, as one line.
+/// `url` without its user, password, query and fragment, for messages: what every URL that
+/// goes into a condition, Event, termination message or log line passes through.
+pub fn redact_url(url: &str) -> String {
+    redact_urls_in(url)
+}
+
+/// `text` with every URL in it (`scheme://...` up to whitespace or a quote) stripped of user,
+/// password, query and fragment. The rest of each URL (scheme, host, port, path) is kept as
+/// it was, so messages still say where.
+pub fn redact_urls_in(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("://") {
+        let after = &rest[i + 3..];
+        let end = after
+            .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '<' | '>' | '`'))
+            .unwrap_or(after.len());
+        let url = &after[..end];
+        let authority_end = url.find(['/', '?', '#']).unwrap_or(url.len());
+        let (authority, tail) = url.split_at(authority_end);
+        let host = authority
+            .rfind('@')
+            .map_or(authority, |j| &authority[j + 1..]);
+        let path = tail.find(['?', '#']).map_or(tail, |j| &tail[..j]);
+        out.push_str(&rest[..i + 3]);
+        out.push_str(host);
+        out.push_str(path);
+        rest = &after[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// An error's message with its causes, as one line, URLs redacted ([`redact_urls_in`]).
 pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut text = e.to_string();
     let mut cause = e.source();
@@ -407,7 +558,7 @@ pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
         }
         cause = c.source();
     }
-    text
+    redact_urls_in(&text)
 }
 
 /// Whether an ingest failed because the stream ended short of (or past) the listed size.
@@ -508,4 +659,88 @@ pub(crate) fn globset(
     set.build()
         .map(Some)
         .map_err(|e| SourceError::Invalid(format!("{field}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_lose_userinfo_query_and_fragment() {
+        assert_eq!(
+            redact_urls_in(
+                "GET https://user:p%40ss@hub.example.com:8443/api/x?token=abc&sig=def#frag failed"
+            ),
+            "GET https://hub.example.com:8443/api/x failed"
+        );
+        assert_eq!(
+            redact_url("s3://AKIA:secret@models/llm/v1?x-amz-signature=abc"),
+            "s3://models/llm/v1"
+        );
+        // Several URLs, quotes, and text without URLs.
+        assert_eq!(
+            redact_urls_in(
+                "'http://a:b@h1/p?q' then \"https://h2/?sig=1\" and <ftp://u@h3>, no url here"
+            ),
+            "'http://h1/p' then \"https://h2/\" and <ftp://h3>, no url here"
+        );
+        // An '@' in a path (hf://org/name@rev) is not userinfo.
+        assert_eq!(redact_urls_in("hf://acme/llm@main"), "hf://acme/llm@main");
+        assert_eq!(redact_urls_in("no urls: a@b?c"), "no urls: a@b?c");
+        assert_eq!(redact_urls_in("trailing ://"), "trailing ://");
+        assert_eq!(
+            redact_urls_in("ünïcode https://x:y@h/é?q ✓"),
+            "ünïcode https://h/é ✓"
+        );
+    }
+
+    #[test]
+    fn redact_scrubs_secrets_and_urls() {
+        let secrets = vec!["hf_secret_value".to_owned()];
+        assert_eq!(
+            redact(
+                "token hf_secret_value sent to https://u:pw@h/x?t=hf_secret_value",
+                &secrets
+            ),
+            "token *** sent to https://h/x"
+        );
+    }
+
+    #[test]
+    fn errors_are_redacted_everywhere() {
+        #[derive(Debug)]
+        struct Inner;
+        impl std::fmt::Display for Inner {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("connecting to https://admin:hunter2@10.0.0.1/?key=k3y")
+            }
+        }
+        impl std::error::Error for Inner {}
+        #[derive(Debug)]
+        struct Outer(Inner);
+        impl std::fmt::Display for Outer {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("request failed")
+            }
+        }
+        impl std::error::Error for Outer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let chain = error_chain(&Outer(Inner));
+        assert_eq!(chain, "request failed: connecting to https://10.0.0.1/");
+
+        let e = SourceError::Unavailable {
+            what: "http://u:hunter2@hub/x?sig=k3y".into(),
+            detail: "see https://t:hunter2@cdn/y?k=k3y".into(),
+        }
+        .redacted();
+        let text = format!("{e} {e:?}");
+        assert!(!text.contains("hunter2") && !text.contains("k3y"), "{text}");
+        assert!(
+            text.contains("http://hub/x") && text.contains("https://cdn/y"),
+            "{text}"
+        );
+    }
 }

@@ -1,7 +1,9 @@
 //! The Job executor: each sync is a Kubernetes Job in the operator's namespace running
-//! `sealed-operator sync`. The Job gets the store's credentials (the operator's store Secret)
-//! and the source's (a Secret of its own, owned by the Job, so it goes when the Job does),
-//! no Kubernetes API access, and reports its outcome as JSON in its termination message.
+//! `sealed-operator sync`. The Job gets the store's credentials (the operator's store Secret,
+//! under the [`STORE_CREDENTIAL_ENV_PREFIX`] prefix, which no source reader reads) and the
+//! source's (a Secret of its own, owned by the Job, so it goes when the Job does), the
+//! operator's source policy as arguments (the sync checks it again), no Kubernetes API access,
+//! and reports its outcome as JSON in its termination message.
 
 use std::collections::BTreeMap;
 
@@ -16,6 +18,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
+use sealed_store::STORE_CREDENTIAL_ENV_PREFIX;
 
 use super::{Credentials, SyncFailure, SyncRequest, SyncState, Termination};
 use crate::config::OperatorConfig;
@@ -56,7 +59,12 @@ impl JobExecutor {
     /// Creates the Job (and its credentials Secret). Creating it again is a no-op.
     pub async fn start(&self, request: &SyncRequest, credentials: &Credentials) -> Result<String> {
         let name = Self::job_name(request);
-        let job = self.job(request, &name, !credentials.to_env().is_empty())?;
+        let job = job_spec(
+            &self.config,
+            request,
+            &name,
+            !credentials.to_env().is_empty(),
+        )?;
         let created = match self.jobs().create(&PostParams::default(), &job).await {
             Ok(job) => job,
             Err(kube::Error::Api(e)) if e.code == 409 => self.jobs().get(&name).await?,
@@ -92,125 +100,6 @@ impl JobExecutor {
             }
         }
         Ok(name)
-    }
-
-    fn job(&self, request: &SyncRequest, name: &str, has_secret: bool) -> Result<Job> {
-        let cfg = &self.config;
-        let source = serde_json::to_string(&request.source).map_err(|e| Error::Invalid {
-            object: request.volume(),
-            message: format!("cannot encode spec.source: {e}"),
-        })?;
-        let mut args = vec![
-            "sync".to_string(),
-            "--volume".into(),
-            request.volume(),
-            "--source".into(),
-            source,
-            "--trigger".into(),
-            request.trigger.clone(),
-            "--store".into(),
-            cfg.store_url.clone(),
-        ];
-        if let Some(endpoint) = &cfg.store_options.endpoint {
-            args.extend(["--store-endpoint".into(), endpoint.clone()]);
-        }
-        if let Some(region) = &cfg.store_options.region {
-            args.extend(["--store-region".into(), region.clone()]);
-        }
-        let mut env_from = Vec::new();
-        if let Some(secret) = &cfg.store_secret {
-            env_from.push(secret_env(secret));
-        }
-        if has_secret {
-            env_from.push(secret_env(name));
-        }
-        let r = &cfg.sync_resources;
-        let quantities = |cpu: &Option<String>, mem: &Option<String>| {
-            let mut m = BTreeMap::new();
-            if let Some(c) = cpu {
-                m.insert("cpu".to_string(), Quantity(c.clone()));
-            }
-            if let Some(v) = mem {
-                m.insert("memory".to_string(), Quantity(v.clone()));
-            }
-            (!m.is_empty()).then_some(m)
-        };
-        let container = Container {
-            name: CONTAINER.into(),
-            image: Some(cfg.sync_image.clone()),
-            image_pull_policy: Some("IfNotPresent".into()),
-            command: Some(vec!["sealed-operator".into()]),
-            args: Some(args),
-            env: Some(vec![EnvVar {
-                name: "RUST_LOG".into(),
-                value: Some("info".into()),
-                ..Default::default()
-            }]),
-            env_from: Some(env_from),
-            resources: Some(ResourceRequirements {
-                requests: quantities(&r.cpu_request, &r.memory_request),
-                limits: quantities(&r.cpu_limit, &r.memory_limit),
-                ..Default::default()
-            }),
-            security_context: Some(SecurityContext {
-                allow_privilege_escalation: Some(false),
-                read_only_root_filesystem: Some(true),
-                capabilities: Some(Capabilities {
-                    drop: Some(vec!["ALL".into()]),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            termination_message_policy: Some("File".into()),
-            ..Default::default()
-        };
-        let mut annotations = BTreeMap::new();
-        annotations.insert(ANNOTATION_TRIGGER.to_string(), request.trigger.clone());
-        Ok(Job {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                namespace: Some(cfg.namespace.clone()),
-                labels: Some(labels(request)),
-                annotations: Some(annotations),
-                ..Default::default()
-            },
-            spec: Some(JobSpec {
-                backoff_limit: Some(3),
-                ttl_seconds_after_finished: Some(24 * 3600),
-                pod_failure_policy: Some(PodFailurePolicy {
-                    rules: vec![PodFailurePolicyRule {
-                        action: "FailJob".into(),
-                        on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
-                            container_name: Some(CONTAINER.into()),
-                            operator: "In".into(),
-                            values: vec![EXIT_PERMANENT],
-                        }),
-                        on_pod_conditions: None,
-                    }],
-                }),
-                template: PodTemplateSpec {
-                    metadata: Some(ObjectMeta {
-                        labels: Some(labels(request)),
-                        ..Default::default()
-                    }),
-                    spec: Some(PodSpec {
-                        restart_policy: Some("Never".into()),
-                        automount_service_account_token: Some(false),
-                        enable_service_links: Some(false),
-                        security_context: Some(PodSecurityContext {
-                            run_as_non_root: Some(true),
-                            run_as_user: Some(65532),
-                            run_as_group: Some(65532),
-                            ..Default::default()
-                        }),
-                        containers: vec![container],
-                        ..Default::default()
-                    }),
-                },
-                ..Default::default()
-            }),
-            ..Default::default()
-        })
     }
 
     /// Where the Job of this sync stands; a finished Job's outcome comes from its pod's
@@ -286,6 +175,136 @@ impl JobExecutor {
     }
 }
 
+/// The Job of one sync (`name`), for the operator configured as `cfg`; `has_secret`: the
+/// source's credentials Secret (named like the Job) exists.
+fn job_spec(
+    cfg: &OperatorConfig,
+    request: &SyncRequest,
+    name: &str,
+    has_secret: bool,
+) -> Result<Job> {
+    let source = serde_json::to_string(&request.source).map_err(|e| Error::Invalid {
+        object: request.volume(),
+        message: format!("cannot encode spec.source: {e}"),
+    })?;
+    let mut args = vec![
+        "sync".to_string(),
+        "--volume".into(),
+        request.volume(),
+        "--source".into(),
+        source,
+        "--trigger".into(),
+        request.trigger.clone(),
+        "--store".into(),
+        cfg.store_url.clone(),
+    ];
+    if let Some(endpoint) = &cfg.store_options.endpoint {
+        args.extend(["--store-endpoint".into(), endpoint.clone()]);
+    }
+    if let Some(region) = &cfg.store_options.region {
+        args.extend(["--store-region".into(), region.clone()]);
+    }
+    // The sync checks the source against the same policy again (defence in depth).
+    args.extend(request.policy.to_args());
+    let mut env_from = Vec::new();
+    if let Some(secret) = &cfg.store_secret {
+        // Prefixed, so no source reader (which reads only SEALED_SOURCE_* and, for an
+        // allow-listed source, AWS_/AZURE_/GOOGLE_*) ever sees the store's credentials;
+        // ChunkStore::connect applies them to the store alone.
+        env_from.push(secret_env(secret, Some(STORE_CREDENTIAL_ENV_PREFIX)));
+    }
+    if has_secret {
+        env_from.push(secret_env(name, None));
+    }
+    let r = &cfg.sync_resources;
+    let quantities = |cpu: &Option<String>, mem: &Option<String>| {
+        let mut m = BTreeMap::new();
+        if let Some(c) = cpu {
+            m.insert("cpu".to_string(), Quantity(c.clone()));
+        }
+        if let Some(v) = mem {
+            m.insert("memory".to_string(), Quantity(v.clone()));
+        }
+        (!m.is_empty()).then_some(m)
+    };
+    let container = Container {
+        name: CONTAINER.into(),
+        image: Some(cfg.sync_image.clone()),
+        image_pull_policy: Some("IfNotPresent".into()),
+        command: Some(vec!["sealed-operator".into()]),
+        args: Some(args),
+        env: Some(vec![EnvVar {
+            name: "RUST_LOG".into(),
+            value: Some("info".into()),
+            ..Default::default()
+        }]),
+        env_from: Some(env_from),
+        resources: Some(ResourceRequirements {
+            requests: quantities(&r.cpu_request, &r.memory_request),
+            limits: quantities(&r.cpu_limit, &r.memory_limit),
+            ..Default::default()
+        }),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        termination_message_policy: Some("File".into()),
+        ..Default::default()
+    };
+    let mut annotations = BTreeMap::new();
+    annotations.insert(ANNOTATION_TRIGGER.to_string(), request.trigger.clone());
+    Ok(Job {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(cfg.namespace.clone()),
+            labels: Some(labels(request)),
+            annotations: Some(annotations),
+            ..Default::default()
+        },
+        spec: Some(JobSpec {
+            backoff_limit: Some(3),
+            ttl_seconds_after_finished: Some(24 * 3600),
+            pod_failure_policy: Some(PodFailurePolicy {
+                rules: vec![PodFailurePolicyRule {
+                    action: "FailJob".into(),
+                    on_exit_codes: Some(PodFailurePolicyOnExitCodesRequirement {
+                        container_name: Some(CONTAINER.into()),
+                        operator: "In".into(),
+                        values: vec![EXIT_PERMANENT],
+                    }),
+                    on_pod_conditions: None,
+                }],
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels(request)),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    restart_policy: Some("Never".into()),
+                    automount_service_account_token: Some(false),
+                    enable_service_links: Some(false),
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        run_as_user: Some(65532),
+                        run_as_group: Some(65532),
+                        ..Default::default()
+                    }),
+                    containers: vec![container],
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+}
+
 fn labels(request: &SyncRequest) -> BTreeMap<String, String> {
     BTreeMap::from([
         (
@@ -300,12 +319,80 @@ fn labels(request: &SyncRequest) -> BTreeMap<String, String> {
     ])
 }
 
-fn secret_env(name: &str) -> EnvFromSource {
+fn secret_env(name: &str, prefix: Option<&str>) -> EnvFromSource {
     EnvFromSource {
         secret_ref: Some(SecretEnvSource {
             name: name.into(),
             optional: Some(false),
         }),
+        prefix: prefix.map(str::to_owned),
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::SourcePolicy;
+    use sealed_crds::{ObjectStoreSource, Source};
+
+    #[test]
+    fn store_credentials_are_prefixed_and_the_policy_is_passed() {
+        let mut cfg = OperatorConfig::inline("s3://sealed-store/prod", "sealed-volumes");
+        cfg.store_secret = Some("store-creds".into());
+        cfg.sync_image = "sealed-operator:test".into();
+        let request = SyncRequest {
+            namespace: "ml".into(),
+            name: "llm".into(),
+            source: Source::object_store(ObjectStoreSource {
+                url: "s3://public-models/llm".into(),
+                endpoint: None,
+                region: None,
+                credentials_secret_ref: None,
+            }),
+            trigger: "generation=1".into(),
+            policy: SourcePolicy {
+                allow_http: true,
+                ambient_allowed: vec!["s3://public-models/".into()],
+                ..SourcePolicy::for_store("s3://sealed-store/prod", None)
+            },
+        };
+        let job = job_spec(&cfg, &request, "sync-llm-x", true).unwrap();
+        let container = &job.spec.unwrap().template.spec.unwrap().containers[0];
+        let env_from = container.env_from.clone().unwrap();
+        let store = env_from
+            .iter()
+            .find(|e| {
+                e.secret_ref
+                    .as_ref()
+                    .is_some_and(|s| s.name == "store-creds")
+            })
+            .expect("store Secret");
+        assert_eq!(store.prefix.as_deref(), Some("SEALED_STORE_CRED_"));
+        let source = env_from
+            .iter()
+            .find(|e| {
+                e.secret_ref
+                    .as_ref()
+                    .is_some_and(|s| s.name == "sync-llm-x")
+            })
+            .expect("source Secret");
+        assert_eq!(source.prefix, None, "its keys carry SEALED_SOURCE_ already");
+        let args = container.args.clone().unwrap();
+        let after = |flag: &str| {
+            args.iter()
+                .position(|a| a == flag)
+                .map(|i| args[i + 1].clone())
+        };
+        assert_eq!(after("--store").as_deref(), Some("s3://sealed-store/prod"));
+        assert!(args.iter().any(|a| a == "--allow-http-sources"), "{args:?}");
+        assert!(
+            !args.iter().any(|a| a == "--allow-file-sources"),
+            "{args:?}"
+        );
+        assert_eq!(
+            after("--ambient-credentials-source").as_deref(),
+            Some("s3://public-models/")
+        );
     }
 }

@@ -13,9 +13,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use sealed_crds::Source;
 use serde::{Deserialize, Serialize};
 
+pub use crate::source::SourcePolicy;
 pub use credentials::Credentials;
 
-/// One sync to run: which volume, from what, and why (the trigger).
+/// One sync to run: which volume, from what, why (the trigger), and under which policy.
 #[derive(Clone, Debug)]
 pub struct SyncRequest {
     pub namespace: String,
@@ -23,6 +24,9 @@ pub struct SyncRequest {
     pub source: Source,
     /// What started it (`generation=N,resync=...`): a sync is identified by volume + trigger.
     pub trigger: String,
+    /// What the source may be and how it is read: the operator's, given to a sync Job as
+    /// arguments, and checked again wherever the sync runs.
+    pub policy: SourcePolicy,
 }
 
 impl SyncRequest {
