@@ -32,6 +32,15 @@ pub enum FetchError {
         attempts: u32,
         reason: String,
     },
+    #[error(
+        "chunk {digest} is {actual} bytes but the manifest declares {declared}: the manifest \
+         is corrupt (push the version again from its source)"
+    )]
+    WrongLength {
+        digest: Digest,
+        declared: u32,
+        actual: u64,
+    },
     #[error("chunk {digest}: internal error: {reason}")]
     Internal { digest: Digest, reason: String },
 }

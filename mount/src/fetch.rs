@@ -46,12 +46,15 @@ impl Default for FetchPolicy {
 
 impl FetchPolicy {
     /// The longest a read of uncached data can wait before it fails with EIO.
+    /// Saturates rather than overflows for absurd policies (callers bound them; see
+    /// `sealed_store::limits`).
     pub fn worst_case(&self) -> Duration {
-        let mut total = self.attempt_timeout * (self.retries + 1);
+        let attempts = self.retries.saturating_add(1);
+        let mut total = self.attempt_timeout.saturating_mul(attempts);
         let mut pause = self.backoff;
-        for _ in 0..self.retries {
-            total += pause.min(Duration::from_secs(2));
-            pause *= 2;
+        for _ in 0..self.retries.min(1000) {
+            total = total.saturating_add(pause.min(Duration::from_secs(2)));
+            pause = pause.saturating_mul(2);
         }
         total
     }
@@ -146,12 +149,15 @@ impl NodeCache {
 
     /// The verified bytes of a chunk, for a reader: memory, then disk, then the store. The
     /// chunk stays in memory for the reads that follow.
+    ///
+    /// Whatever tier they come from, the bytes are as long as `chunk` declares: a manifest
+    /// whose lengths lie is an error ([`FetchError::WrongLength`], EIO), never short bytes.
     pub async fn get(&self, store: &ChunkStore, chunk: &ChunkRef) -> Result<Bytes, FetchError> {
         let digest = &chunk.digest;
         let metrics = &self.inner.metrics;
         if let Some(data) = self.inner.memory.get(digest) {
             MountMetrics::inc(&metrics.memory_hits);
-            return Ok(data);
+            return self.checked_len(chunk, data);
         }
         MountMetrics::inc(&metrics.memory_misses);
         let data = self.flight(store, chunk, true).await?;
@@ -159,7 +165,7 @@ impl NodeCache {
         if !self.inner.memory.contains(digest) {
             self.inner.memory.put(digest, &data);
         }
-        Ok(data)
+        self.checked_len(chunk, data)
     }
 
     /// Makes sure the chunk is in the disk cache (or memory, without a disk cache), for
@@ -167,8 +173,35 @@ impl NodeCache {
     pub async fn warm(&self, store: &ChunkStore, chunk: &ChunkRef) -> Result<(), FetchError> {
         match &self.inner.disk {
             Some(disk) if disk.contains(&chunk.digest) => Ok(()),
-            Some(_) => self.flight(store, chunk, false).await.map(drop),
+            Some(_) => {
+                let data = self.flight(store, chunk, false).await?;
+                self.checked_len(chunk, data).map(drop)
+            }
             None => self.get(store, chunk).await.map(drop),
+        }
+    }
+
+    /// The length check of [`ChunkRef::check_len`], per reference: the bytes (verified
+    /// against the digest, and shared by every reference to it) are right, the reference
+    /// may not be. Checked after the single flight, so one wrong reference fails only its
+    /// own readers.
+    fn checked_len(&self, chunk: &ChunkRef, data: Bytes) -> Result<Bytes, FetchError> {
+        match chunk.check_len(&data) {
+            Ok(()) => Ok(data),
+            Err(_) => {
+                MountMetrics::inc(&self.inner.metrics.verification_failures);
+                tracing::error!(
+                    digest = %chunk.digest,
+                    declared = chunk.len,
+                    actual = data.len(),
+                    "chunk length does not match the manifest"
+                );
+                Err(FetchError::WrongLength {
+                    digest: chunk.digest,
+                    declared: chunk.len,
+                    actual: data.len() as u64,
+                })
+            }
         }
     }
 
@@ -295,7 +328,7 @@ impl NodeCache {
         let metrics = &self.inner.metrics;
         let mut pause = policy.backoff;
         let mut last = None;
-        for attempt in 1..=policy.retries + 1 {
+        for attempt in 1..=policy.retries.saturating_add(1) {
             let started = Instant::now();
             let outcome =
                 tokio::time::timeout(policy.attempt_timeout, store.get_chunk(digest)).await;
@@ -343,7 +376,7 @@ impl NodeCache {
             last = Some(error);
             if attempt <= policy.retries {
                 tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(2));
+                pause = pause.saturating_mul(2).min(Duration::from_secs(2));
             }
         }
         MountMetrics::inc(&metrics.store_errors);

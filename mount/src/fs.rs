@@ -10,7 +10,7 @@ use futures::future::try_join_all;
 use parking_lot::Mutex;
 use sealed_store::{ChunkRef, ChunkStore, Digest};
 
-use crate::error::FsError;
+use crate::error::{FetchError, FsError};
 use crate::fetch::NodeCache;
 use crate::metrics::MountMetrics;
 use crate::prefetch::{Readahead, ReadaheadPolicy};
@@ -239,19 +239,38 @@ impl SealedFs {
         }
         let end = offset.saturating_add(u64::from(size)).min(file.size);
         let range = chunk_range(starts, offset, end);
-        let wanted = &file.chunks[range.clone()];
+        let wanted = file.chunks.get(range.clone()).unwrap_or_default();
+        // Each chunk's bytes are verified against its digest and its declared length
+        // (`NodeCache::get`), so the offsets below hold; they are still computed checked, so
+        // that a broken invariant is EIO, never a panic in a FUSE worker.
         let datas = try_join_all(wanted.iter().map(|c| self.cache.get(&self.store, c))).await?;
         let mut pieces = Vec::with_capacity(datas.len());
-        for (i, data) in range.zip(datas) {
-            let chunk_start = starts[i];
-            let from = offset.saturating_sub(chunk_start) as usize;
-            let to = (end - chunk_start).min(data.len() as u64) as usize;
-            pieces.push(data.slice(from..to));
+        for ((i, data), chunk) in range.zip(datas).zip(wanted) {
+            let piece = starts
+                .get(i)
+                .and_then(|&chunk_start| {
+                    let from = offset.saturating_sub(chunk_start);
+                    let to = end.checked_sub(chunk_start)?.min(data.len() as u64);
+                    let from = usize::try_from(from).ok()?;
+                    let to = usize::try_from(to).ok()?;
+                    (from <= to).then(|| data.slice(from..to))
+                })
+                .ok_or_else(|| {
+                    FsError::Fetch(FetchError::Internal {
+                        digest: chunk.digest,
+                        reason: format!(
+                            "chunk {i} of {} bytes does not cover the read at {offset}..{end}",
+                            data.len()
+                        ),
+                    })
+                })?;
+            pieces.push(piece);
         }
         if pieces.len() == 1 {
             return Ok(pieces.swap_remove(0));
         }
-        let mut out = BytesMut::with_capacity((end - offset) as usize);
+        let want = usize::try_from(end - offset).unwrap_or(0);
+        let mut out = BytesMut::with_capacity(want);
         for piece in pieces {
             out.extend_from_slice(&piece);
         }
@@ -275,13 +294,15 @@ impl SealedFs {
             return;
         };
         for i in chunk_range(starts, ahead.start, ahead.end) {
-            let chunk = chunks[i];
+            let (Some(&chunk), Some(&start)) = (chunks.get(i), starts.get(i)) else {
+                return;
+            };
             if self.cache.is_hot(&chunk.digest) {
                 continue;
             }
             let len = u64::from(chunk.len);
             if !self.cache.budget().try_acquire(len) {
-                state.retract(starts[i]);
+                state.retract(start);
                 return;
             }
             let cache = self.cache.clone();

@@ -67,10 +67,13 @@ pub struct Tree {
 }
 
 impl Tree {
-    /// Builds the tree; fails (with a reason) if the manifest is inconsistent in a way that
-    /// would make reads ambiguous: a child without a parent directory, or chunk lengths that
-    /// do not add up to the file size.
+    /// Builds the tree; fails (with a reason) if the manifest breaks any rule of the format
+    /// ([`Manifest::validate`], which [`sealed_store::ChunkStore::get_manifest`] applies
+    /// too, checked again here for manifests built in code): paths, parents, chunk lengths
+    /// that do not add up to the file size, symlinks that lead out of the volume through
+    /// each other or never settle.
     pub fn build(manifest: Manifest) -> Result<Tree, String> {
+        manifest.validate().map_err(|e| e.to_string())?;
         let mut nodes = Vec::with_capacity(manifest.entries.len() + 1);
         nodes.push(NodeSlot {
             parent: ROOT_INO,
@@ -109,7 +112,9 @@ impl Tree {
                     let mut offset = 0u64;
                     for chunk in &file.chunks {
                         starts.push(offset);
-                        offset += u64::from(chunk.len);
+                        offset = offset
+                            .checked_add(u64::from(chunk.len))
+                            .ok_or_else(|| format!("{}: chunk lengths overflow", entry.path))?;
                     }
                     starts.push(offset);
                     if offset != file.size {
@@ -118,7 +123,7 @@ impl Tree {
                             entry.path, file.size
                         ));
                     }
-                    total_bytes += file.size;
+                    total_bytes = total_bytes.saturating_add(file.size);
                     Node::File { file, starts }
                 }
                 EntryKind::Symlink { target } => Node::Symlink { target },
@@ -316,6 +321,6 @@ mod tests {
             entries,
         })
         .unwrap_err();
-        assert!(err.contains("add up"), "{err}");
+        assert!(err.contains("sum to 3, file size is 4"), "{err}");
     }
 }
