@@ -33,6 +33,9 @@ pub enum CsiError {
     NotFound(String),
     #[error("{0}")]
     FailedPrecondition(String),
+    /// Something the plugin needs is not there yet (the attestation Secret): kubelet retries.
+    #[error("{0}")]
+    Unavailable(String),
     /// A call to the API server failed (not a refusal of the request itself).
     #[error("{what}: {source}")]
     Kube {
@@ -82,7 +85,7 @@ impl CsiError {
             CsiError::Kube { source, .. } => kube_code(source),
             CsiError::TargetInUse { .. } => Code::AlreadyExists,
             CsiError::Unimplemented(_) => Code::Unimplemented,
-            CsiError::StoreUnreachable { .. } => Code::Unavailable,
+            CsiError::StoreUnreachable { .. } | CsiError::Unavailable(_) => Code::Unavailable,
             CsiError::Store(e) => store_code(e),
             CsiError::Mount(MountError::Store(e)) => store_code(e),
             CsiError::Mount(MountError::BadManifest { .. }) => Code::DataLoss,
@@ -199,6 +202,18 @@ mod tests {
             (
                 CsiError::Unimplemented("NodeStageVolume"),
                 Code::Unimplemented,
+            ),
+            (
+                CsiError::Unavailable("attestation Secret s/a not found".into()),
+                Code::Unavailable,
+            ),
+            (
+                CsiError::PermissionDenied("no valid attestation".into()),
+                Code::PermissionDenied,
+            ),
+            (
+                CsiError::FailedPrecondition("podInfoOnMount".into()),
+                Code::FailedPrecondition,
             ),
         ];
         for (error, code) in cases {

@@ -4,17 +4,20 @@
 //! driver state apart from the gRPC layer ([`state`], with the kernel calls in [`mounts`]),
 //! and errors mapped to gRPC status codes in one place ([`error`]).
 
+pub mod attest;
 pub mod authority;
 pub mod error;
 pub mod fd_holder;
 pub mod gpu;
 pub mod identity;
 pub mod kube_access;
+pub mod lease;
 pub mod metrics;
 pub mod mounts;
 pub mod node;
 pub mod registration;
 pub mod state;
+pub mod targets;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -95,17 +98,18 @@ pub async fn serve_registration(
 }
 
 /// Serves Identity and Node on `listener` until `shutdown` completes; `kube` is `None` in
-/// standalone mode.
+/// standalone mode, `reporter` without `--publications-namespace`.
 pub async fn serve(
     driver: Arc<Driver>,
     kube: Option<Arc<KubeAccess>>,
+    reporter: Option<Arc<lease::Reporter>>,
     listener: UnixListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
     tonic::transport::Server::builder()
         .add_service(csi::identity_server::IdentityServer::new(IdentityService))
         .add_service(csi::node_server::NodeServer::new(NodeService::new(
-            driver, kube,
+            driver, kube, reporter,
         )))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
         .await

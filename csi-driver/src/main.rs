@@ -7,7 +7,10 @@ use anyhow::Context as _;
 use clap::Parser;
 use std::sync::Arc;
 
+use sealed_csi::attest::SecretRef;
 use sealed_csi::gpu::GpuExclusion;
+use sealed_csi::kube_access::AttestationConfig;
+use sealed_csi::lease::{PublicationsLease, Reporter};
 use sealed_csi::metrics::Health;
 use sealed_csi::{Driver, DriverConfig, KubeAccess};
 use sealed_mount::{FetchPolicy, MountOptions, NodeCache, NodeCacheOptions, parse_size};
@@ -76,6 +79,23 @@ struct Args {
     /// <kubelet-dir>/plugins_registry (no node-driver-registrar needed)
     #[arg(long, env = "KUBELET_DIR")]
     kubelet_dir: Option<PathBuf>,
+    /// kubelet's root directory for target paths: publishes and unpublishes are only done
+    /// under <kubelet-root>/pods (default: --kubelet-dir, else /var/lib/kubelet)
+    #[arg(long, env = "KUBELET_ROOT")]
+    kubelet_root: Option<PathBuf>,
+    /// NAMESPACE/NAME of the operator's attestation Secret: only versions the operator made
+    /// (status.attestation verifies with its key) authorize a mount
+    #[arg(long, env = "SEALED_ATTESTATION_SECRET")]
+    attestation_secret: Option<SecretRef>,
+    /// Authorize by any SealedVolumeVersion owned by its volume, without checking that the
+    /// operator made it. SINGLE-TENANT LABS ONLY: whoever can create a SealedVolumeVersion
+    /// can then mount any digest
+    #[arg(long, conflicts_with = "attestation_secret")]
+    insecure_skip_attestation: bool,
+    /// Namespace of this node's publications Lease (which digests its pods use, read by the
+    /// operator before trashing a version); off when unset
+    #[arg(long, env = "POD_NAMESPACE")]
+    publications_namespace: Option<String>,
     /// The CSI socket path as kubelet sees it (default: the --endpoint path), when the
     /// plugin's container mounts it elsewhere
     #[arg(long)]
@@ -97,13 +117,36 @@ struct Args {
 /// a wrong --node-id fail the start instead of every publish.
 async fn connect_kube(args: &Args) -> anyhow::Result<KubeAccess> {
     let excluded = GpuExclusion::parse(&args.excluded_gpu_products);
-    let kube = KubeAccess::connect(args.node_id.clone(), excluded).await?;
+    let attestation = match (&args.attestation_secret, args.insecure_skip_attestation) {
+        (Some(secret), _) => AttestationConfig::Secret(secret.clone()),
+        (None, true) => {
+            tracing::warn!(
+                "INSECURE: --insecure-skip-attestation: a SealedVolumeVersion authorizes its digest \
+                 without proof that the operator made it, so anyone who can create one can mount \
+                 any digest. For single-tenant labs only."
+            );
+            AttestationConfig::InsecureSkip
+        }
+        (None, false) => anyhow::bail!(
+            "API-server mode needs --attestation-secret NAMESPACE/NAME (env \
+             SEALED_ATTESTATION_SECRET): the operator's attestation Secret, whose key proves a \
+             SealedVolumeVersion was made by the operator. (--insecure-skip-attestation skips \
+             that proof, for single-tenant labs only; --standalone runs without an API server.)"
+        ),
+    };
+    let kube = KubeAccess::connect(args.node_id.clone(), excluded, attestation).await?;
     match kube.check_node().await {
         Ok(()) => tracing::info!(node = %args.node_id, "API server reachable; node not excluded"),
         Err(e @ sealed_csi::CsiError::FailedPrecondition(_)) => {
             tracing::warn!("every publish on this node will be refused: {e}")
         }
         Err(e) => return Err(e).context("API-server mode (use --standalone to run without it)"),
+    }
+    match kube.load_key().await {
+        Ok(true) => tracing::info!(secret = ?args.attestation_secret, "attestation key read"),
+        Ok(false) => {}
+        // The operator may not have made it yet: publishes are refused until it has.
+        Err(e) => tracing::warn!("publishes will be refused until the key can be read: {e}"),
     }
     Ok(kube)
 }
@@ -128,6 +171,15 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     init_logging(args.verbose);
     let kube = if args.standalone {
+        if args.attestation_secret.is_some()
+            || args.insecure_skip_attestation
+            || args.publications_namespace.is_some()
+        {
+            tracing::warn!(
+                "--standalone: --attestation-secret, --insecure-skip-attestation and \
+                 --publications-namespace need the API server; ignored"
+            );
+        }
         tracing::warn!(
             "STANDALONE MODE: no API server; every digest is mounted for any caller, with NO \
              authorization and NO node-label (GPU exclusion) checks. For conformance runs and \
@@ -153,7 +205,16 @@ async fn main() -> anyhow::Result<()> {
         max_volumes: args.max_volumes,
         standalone: args.standalone,
         fd_holder: args.fd_holder.clone(),
+        kubelet_root: args
+            .kubelet_root
+            .clone()
+            .or_else(|| args.kubelet_dir.clone())
+            .unwrap_or_else(|| PathBuf::from(sealed_csi::targets::DEFAULT_KUBELET_ROOT)),
     };
+    tracing::info!(kubelet_root = %config.kubelet_root.display(),
+        "targets must be under <kubelet-root>/pods");
+    // The node cache holds the bytes of every version mounted here: root only.
+    sealed_csi::state::private_dir(&args.cache_dir)?;
     let cache = NodeCache::new(&NodeCacheOptions {
         disk_dir: Some(args.cache_dir.clone()),
         disk_bytes: args.cache_size,
@@ -174,6 +235,28 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     driver.recover().await?;
+    let reporter = match (&kube, args.publications_namespace.as_deref()) {
+        (Some(kube), Some(ns)) if !ns.is_empty() => {
+            anyhow::ensure!(
+                sealed_csi::node::is_dns_label(ns),
+                "--publications-namespace {ns:?} is not a namespace name"
+            );
+            let lease =
+                PublicationsLease::new(kube.client().clone(), ns.into(), args.node_id.clone());
+            tracing::info!(lease = %lease.name(), namespace = ns, "node publications Lease");
+            let reporter = Reporter::new(lease, driver.clone());
+            reporter.spawn_renewals();
+            Some(reporter)
+        }
+        (Some(_), _) => {
+            tracing::warn!(
+                "no --publications-namespace (POD_NAMESPACE): no node publications Lease, so the \
+                 operator cannot tell which versions this node's pods use"
+            );
+            None
+        }
+        (None, _) => None,
+    };
     if args.fd_holder.is_some() {
         // The holder may restart on its own (deleted by hand): give it the fds again.
         let driver = driver.clone();
@@ -224,7 +307,7 @@ async fn main() -> anyhow::Result<()> {
         ));
     }
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = sealed_csi::serve(driver.clone(), kube, listener, async {
+    let server = sealed_csi::serve(driver.clone(), kube, reporter, listener, async {
         let _ = stopped.await;
     });
     tokio::pin!(server);

@@ -22,6 +22,7 @@ use crate::csi::{
 };
 use crate::error::CsiError;
 use crate::kube_access::{KubeAccess, PodInfo};
+use crate::lease::Reporter;
 use crate::state::{Driver, Publish};
 
 /// The volume attribute that names the version to mount.
@@ -36,16 +37,28 @@ pub struct NodeService {
     driver: Arc<Driver>,
     /// `None` in standalone mode: no authorization, tags or node checks.
     kube: Option<Arc<KubeAccess>>,
+    /// The node publications Lease (`--publications-namespace`), if any.
+    reporter: Option<Arc<Reporter>>,
 }
 
 impl NodeService {
-    pub fn new(driver: Arc<Driver>, kube: Option<Arc<KubeAccess>>) -> Self {
-        NodeService { driver, kube }
+    pub fn new(
+        driver: Arc<Driver>,
+        kube: Option<Arc<KubeAccess>>,
+        reporter: Option<Arc<Reporter>>,
+    ) -> Self {
+        NodeService {
+            driver,
+            kube,
+            reporter,
+        }
     }
 
     /// Resolves and authorizes the version (API-server mode), then publishes it.
     async fn publish(&self, req: &NodePublishVolumeRequest) -> Result<(), CsiError> {
         let checked = check_publish(req)?;
+        // Before any API call: a target outside kubelet's pod directories is refused.
+        self.driver.check_target(&checked.target)?;
         let Some(kube) = &self.kube else {
             let VersionRef::Digest(digest) = checked.version else {
                 return Err(CsiError::InvalidArgument(
@@ -55,10 +68,18 @@ impl NodeService {
                 ));
             };
             return self
-                .mount(checked.volume_id, digest, checked.target, req)
+                .mount(
+                    checked.volume_id,
+                    digest,
+                    checked.target,
+                    String::new(),
+                    req,
+                )
                 .await;
         };
+        kube.check_csidriver().await?;
         let pod = PodInfo::from_context(&req.volume_context)?;
+        kube.check_pod(&pod).await?;
         kube.check_node().await?;
         let digest = match &checked.version {
             VersionRef::Digest(d) => *d,
@@ -67,8 +88,14 @@ impl NodeService {
             }
         };
         kube.authorize(&pod.namespace, &digest).await?;
-        self.mount(checked.volume_id, digest, checked.target, req)
-            .await?;
+        self.mount(
+            checked.volume_id,
+            digest,
+            checked.target,
+            pod.namespace.clone(),
+            req,
+        )
+        .await?;
         if let VersionRef::Tag { volume, tag } = &checked.version {
             kube.record_tag_resolved(&pod, volume, tag, &digest).await;
         }
@@ -80,6 +107,7 @@ impl NodeService {
         volume_id: String,
         digest: Digest,
         target: PathBuf,
+        namespace: String,
         req: &NodePublishVolumeRequest,
     ) -> Result<(), CsiError> {
         let ephemeral = req
@@ -98,9 +126,44 @@ impl NodeService {
                 volume_id,
                 digest,
                 target,
+                namespace,
             })
-            .await
+            .await?;
+        // The operator must see the digest in use before the pod reads it.
+        if let Some(reporter) = &self.reporter {
+            reporter.report("publish").await;
+        }
+        Ok(())
     }
+
+    async fn unpublish(&self, req: &NodeUnpublishVolumeRequest) -> Result<(), CsiError> {
+        let volume_id = required(&req.volume_id, "volume_id")?;
+        let target = PathBuf::from(required(&req.target_path, "target_path")?);
+        tracing::info!(volume_id, target = %target.display(), "NodeUnpublishVolume");
+        self.driver.check_target(&target)?;
+        self.driver.unpublish(volume_id, &target).await?;
+        if let Some(reporter) = &self.reporter {
+            reporter.report("unpublish").await;
+        }
+        Ok(())
+    }
+}
+
+/// A DNS-1123 label: what a namespace name may be.
+pub fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    !b.is_empty()
+        && b.len() <= 63
+        && alnum(&b[0])
+        && alnum(&b[b.len() - 1])
+        && b.iter().all(|c| alnum(c) || *c == b'-')
+}
+
+/// A DNS-1123 subdomain (`sealed_crds::schema::OBJECT_NAME_PATTERN`, at most 253
+/// characters): what a SealedVolume's (or a Secret's) name may be.
+pub fn is_object_name(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
 }
 
 fn required<'a>(value: &'a str, name: &'static str) -> Result<&'a str, CsiError> {
@@ -177,10 +240,26 @@ pub fn version_from_context(context: &HashMap<String, String>) -> Result<Version
         (Some(text), None, None) => Digest::parse(text)
             .map(VersionRef::Digest)
             .map_err(|e| CsiError::InvalidArgument(format!("volume attribute 'digest': {e}"))),
-        (None, Some(volume), Some(tag)) => Ok(VersionRef::Tag {
-            volume: volume.into(),
-            tag: tag.into(),
-        }),
+        (None, Some(volume), Some(tag)) => {
+            // Both go into API paths: only what the API server itself would accept.
+            if !is_object_name(volume) {
+                return Err(CsiError::InvalidArgument(format!(
+                    "volume attribute 'volume': {volume:?} is not a SealedVolume name (a \
+                     DNS-1123 subdomain: lowercase letters, digits, '-' and '.', starting and \
+                     ending with a letter or digit, at most 253 characters)"
+                )));
+            }
+            if !sealed_crds::is_tag_name(tag) {
+                return Err(CsiError::InvalidArgument(format!(
+                    "volume attribute 'tag': {tag:?} is not a tag name: {}",
+                    sealed_crds::validate::TAG_NAME_HELP
+                )));
+            }
+            Ok(VersionRef::Tag {
+                volume: volume.into(),
+                tag: tag.into(),
+            })
+        }
         (None, Some(_), None) | (None, None, Some(_)) => Err(CsiError::InvalidArgument(
             "volume attributes 'volume' and 'tag' go together: name the SealedVolume and its tag"
                 .into(),
@@ -262,13 +341,7 @@ impl Node for NodeService {
         request: Request<NodeUnpublishVolumeRequest>,
     ) -> Result<Response<NodeUnpublishVolumeResponse>, Status> {
         let req = request.into_inner();
-        let volume_id = required(&req.volume_id, "volume_id")?;
-        let target = required(&req.target_path, "target_path")?;
-        tracing::info!(volume_id, target, "NodeUnpublishVolume");
-        let result = self
-            .driver
-            .unpublish(volume_id, &PathBuf::from(target))
-            .await;
+        let result = self.unpublish(&req).await;
         self.driver
             .metrics()
             .observe_unpublish(result.as_ref().err().map(CsiError::code));
@@ -393,6 +466,40 @@ mod tests {
         ctx.insert("tag".into(), "prod".into());
         let e = version_from_context(&ctx).unwrap_err();
         assert!(e.to_string().contains("either digest"), "{e}");
+    }
+
+    #[test]
+    fn volume_and_tag_attributes_are_names() {
+        for (volume, tag, needle) in [
+            ("../../secrets", "prod", "volume attribute 'volume'"),
+            ("Llama", "prod", "volume attribute 'volume'"),
+            ("llama/x", "prod", "volume attribute 'volume'"),
+            ("llama?watch=1", "prod", "volume attribute 'volume'"),
+            ("-llama", "prod", "volume attribute 'volume'"),
+            ("llama", "../x", "volume attribute 'tag'"),
+            ("llama", "Prod", "volume attribute 'tag'"),
+            ("llama", "a/b", "volume attribute 'tag'"),
+            ("llama", &"t".repeat(64), "volume attribute 'tag'"),
+        ] {
+            let ctx = HashMap::from([
+                ("volume".to_string(), volume.to_string()),
+                ("tag".to_string(), tag.to_string()),
+            ]);
+            let e = version_from_context(&ctx).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{volume} {tag}");
+            assert!(e.to_string().contains(needle), "{e}");
+        }
+        let long = format!("{}.{}", "a".repeat(63), "b".repeat(63));
+        let ctx = HashMap::from([
+            ("volume".to_string(), long.clone()),
+            ("tag".to_string(), "v1.2-rc".to_string()),
+        ]);
+        assert!(matches!(
+            version_from_context(&ctx).unwrap(),
+            VersionRef::Tag { volume, .. } if volume == long
+        ));
+        assert!(is_object_name("llama-3.8b") && !is_object_name(&"a".repeat(254)));
+        assert!(is_dns_label("ml") && !is_dns_label("m.l") && !is_dns_label(""));
     }
 
     #[test]

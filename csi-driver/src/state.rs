@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::os::fd::AsFd;
+use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -20,6 +21,7 @@ use crate::error::CsiError;
 use crate::fd_holder::HolderClient;
 use crate::metrics::Metrics;
 use crate::mounts;
+use crate::targets::TargetRules;
 
 /// Settings of the node plugin.
 #[derive(Clone, Debug)]
@@ -34,6 +36,8 @@ pub struct DriverConfig {
     pub standalone: bool,
     /// The FUSE fd holder's socket: mounts survive restarts of the plugin (see `fd_holder`).
     pub fd_holder: Option<PathBuf>,
+    /// kubelet's root directory: targets must be under `<kubelet-root>/pods` (see `targets`).
+    pub kubelet_root: PathBuf,
 }
 
 /// A validated publish request.
@@ -42,6 +46,9 @@ pub struct Publish {
     pub volume_id: String,
     pub digest: Digest,
     pub target: PathBuf,
+    /// The namespace of the pod it is for (empty in standalone mode), reported in the node
+    /// publications Lease.
+    pub namespace: String,
 }
 
 /// What a published volume looks like, for `NodeGetVolumeStats`.
@@ -54,6 +61,7 @@ pub struct VolumeStats {
 struct Publication {
     volume_id: String,
     digest: Digest,
+    namespace: String,
 }
 
 /// A publication as written to `<state-dir>/publications/`, so that a restarted plugin knows
@@ -63,6 +71,9 @@ struct PublicationRecord {
     volume_id: String,
     digest: String,
     target: PathBuf,
+    /// Absent in records of plugins before the node publications Lease.
+    #[serde(default)]
+    namespace: String,
 }
 
 /// What [`Driver::recover`] found.
@@ -139,11 +150,12 @@ impl Driver {
     }
 
     /// Writes down a publication (atomically: temporary file, then rename).
-    fn write_record(&self, target: &Path, volume_id: &str, digest: &Digest) {
+    fn write_record(&self, target: &Path, volume_id: &str, digest: &Digest, namespace: &str) {
         let record = PublicationRecord {
             volume_id: volume_id.into(),
             digest: digest.to_string(),
             target: target.to_path_buf(),
+            namespace: namespace.into(),
         };
         let path = self.record_path(target);
         let tmp = path.with_extension("tmp");
@@ -191,8 +203,12 @@ impl Driver {
     /// every other leftover mount is detached, as [`Driver::clean_stale`] does.
     pub async fn recover(&self) -> Result<Recovery, CsiError> {
         let mut report = Recovery::default();
-        for dir in [self.mounts_dir(), self.publications_dir()] {
-            std::fs::create_dir_all(&dir).map_err(|e| CsiError::io("creating", &dir, e))?;
+        for dir in [
+            self.config.state_dir.clone(),
+            self.mounts_dir(),
+            self.publications_dir(),
+        ] {
+            private_dir(&dir)?;
         }
         let records = self.read_records();
         let mut mounts = self.mounts.lock().await;
@@ -239,6 +255,7 @@ impl Driver {
                 Publication {
                     volume_id: record.volume_id,
                     digest,
+                    namespace: record.namespace,
                 },
             );
         }
@@ -475,8 +492,30 @@ impl Driver {
         Ok(store)
     }
 
+    /// `InvalidArgument` unless `target` is a place kubelet publishes volumes to (under
+    /// `<kubelet-root>/pods`, outside the state directory; see `targets`).
+    pub fn check_target(&self, target: &Path) -> Result<(), CsiError> {
+        TargetRules::new(&self.config.kubelet_root, &self.config.state_dir).check(target)
+    }
+
+    /// What this node has published: (pod namespace, digest) of every target, sorted and
+    /// without repeats, for the node publications Lease.
+    pub async fn publications(&self) -> Vec<sealed_crds::publications::Publication> {
+        let mounts = self.mounts.lock().await;
+        let set: BTreeSet<sealed_crds::publications::Publication> = mounts
+            .targets
+            .values()
+            .map(|p| sealed_crds::publications::Publication {
+                namespace: p.namespace.clone(),
+                digest: p.digest.to_string(),
+            })
+            .collect();
+        set.into_iter().collect()
+    }
+
     /// Mounts `digest` (once per node) and bind-mounts it read-only onto the target.
     pub async fn publish(&self, req: Publish) -> Result<(), CsiError> {
+        self.check_target(&req.target)?;
         let mut mounts = self.mounts.lock().await;
         let result = self.publish_locked(&mut mounts, req).await;
         self.metrics
@@ -526,7 +565,7 @@ impl Driver {
             .to_path_buf();
         // Written down before the bind, so that a crash right after it cannot leave a target
         // a restarted plugin does not know (a record without a mount is dropped at start).
-        self.write_record(&req.target, &req.volume_id, &req.digest);
+        self.write_record(&req.target, &req.volume_id, &req.digest, &req.namespace);
         let target = req.target.clone();
         let bound =
             tokio::task::spawn_blocking(move || mounts::bind_read_only(&source, &target)).await;
@@ -562,6 +601,7 @@ impl Driver {
             Publication {
                 volume_id: req.volume_id,
                 digest: req.digest,
+                namespace: req.namespace,
             },
         );
         Ok(())
@@ -570,6 +610,8 @@ impl Driver {
     /// Unmounts the target; the FUSE mount goes with its last target. A target that is not
     /// published (any more) is a success, as the spec asks.
     pub async fn unpublish(&self, volume_id: &str, target: &Path) -> Result<(), CsiError> {
+        // Never unmount or remove anything outside kubelet's pod directories.
+        self.check_target(target)?;
         let mut mounts = self.mounts.lock().await;
         let result = self.unpublish_locked(&mut mounts, volume_id, target).await;
         self.metrics
@@ -692,5 +734,59 @@ impl Driver {
         }
         let _ = std::fs::remove_dir(&dir);
         tracing::info!(%digest, "FUSE mount released");
+    }
+}
+
+/// Creates `dir` (and its parents) with mode 0700, and sets 0700 on it if it exists with
+/// another mode: the plugin's state and the node cache hold which versions the node mounts
+/// and their bytes, which no other user on the node should read.
+pub fn private_dir(dir: &Path) -> Result<(), CsiError> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| CsiError::io("creating", dir, e))?;
+    let meta = std::fs::metadata(dir).map_err(|e| CsiError::io("reading", dir, e))?;
+    if meta.permissions().mode() & 0o7777 != 0o700 {
+        tracing::info!(dir = %dir.display(), mode = format!("{:o}", meta.permissions().mode() & 0o7777),
+            "setting mode 0700");
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| CsiError::io("setting mode 0700 on", dir, e))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn private_dirs_are_0700_new_or_old() {
+        let dir = tempfile::tempdir().unwrap();
+        let new = dir.path().join("a/b/state");
+        private_dir(&new).unwrap();
+        assert_eq!(mode(&new), 0o700);
+        let old = dir.path().join("cache");
+        std::fs::create_dir(&old).unwrap();
+        std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(mode(&old), 0o755);
+        private_dir(&old).unwrap();
+        assert_eq!(mode(&old), 0o700);
+        // A file where the directory should be is an error, not a panic.
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        assert!(private_dir(&file).is_err());
+    }
+
+    #[test]
+    fn old_publication_records_read_without_a_namespace() {
+        let r: PublicationRecord =
+            serde_json::from_str(r#"{"volume_id":"v","digest":"blake3:00","target":"/t"}"#)
+                .unwrap();
+        assert_eq!(r.namespace, "");
     }
 }

@@ -56,7 +56,7 @@ async fn healthz_and_metrics_follow_publishes() {
     assert_eq!(common::http_get(addr, "/nope").0, 404);
 
     let mut client = NodeClient::new(plugin.channel().await);
-    let target = plugin.dir.path().join("target");
+    let target = plugin.pods().join("uid/target");
     // Two refused publishes, counted by code.
     let bad = common::publish_digest("v", &target, "blake3:1234");
     assert!(client.node_publish_volume(bad).await.is_err());
@@ -115,7 +115,7 @@ async fn healthz_and_metrics_follow_publishes() {
         );
         // A second publish of the same digest (the same FUSE mount) reads from the caches;
         // drop the kernel page cache first so the reads reach the plugin.
-        let second = plugin.dir.path().join("second");
+        let second = plugin.pods().join("uid/second");
         let req = common::publish_digest("w", &second, &store.digest.to_string());
         client.node_publish_volume(req).await.unwrap();
         let _ = std::fs::write("/proc/sys/vm/drop_caches", "1");

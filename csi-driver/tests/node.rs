@@ -67,7 +67,7 @@ async fn bad_input_gets_the_right_code_and_message() {
     let store: TestStore = store_with_version("bad_input_gets_the_right_code_and_message").await;
     let plugin = Plugin::start(&store.url, &[]);
     let mut client = NodeClient::new(plugin.channel().await);
-    let target = plugin.dir.path().join("target");
+    let target = plugin.pods().join("uid/target");
     let good = store.digest.to_string();
 
     let mut req = publish_req("v", &target, "blake3:1234");
@@ -194,7 +194,7 @@ async fn unreachable_store_is_unavailable() {
         ],
     );
     let mut client = NodeClient::new(plugin.channel().await);
-    let target = plugin.dir.path().join("target");
+    let target = plugin.pods().join("uid/target");
     let digest = Digest::of(b"anything").to_string();
     expect_error(
         &mut client,
@@ -427,4 +427,159 @@ async fn a_restarted_plugin_cleans_up_what_a_crashed_one_left() {
         "{}",
         plugin.log()
     );
+}
+
+/// Runs the binary with `args` (no socket comes up) and returns its exit status and stderr.
+fn run_to_exit(args: &[&str]) -> (std::process::ExitStatus, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sealed-csi"))
+        .arg(format!(
+            "--endpoint=unix://{}",
+            dir.path().join("csi.sock").display()
+        ))
+        .arg(format!("--store=file://{}", dir.path().display()))
+        .arg(format!(
+            "--state-dir={}",
+            dir.path().join("state").display()
+        ))
+        .arg(format!(
+            "--cache-dir={}",
+            dir.path().join("cache").display()
+        ))
+        .arg("--node-id=test-node")
+        .args(args)
+        // Never a real cluster: the refusal must come before any API call.
+        .env("KUBECONFIG", dir.path().join("no-kubeconfig"))
+        .env_remove("SEALED_ATTESTATION_SECRET")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn api_server_mode_needs_the_attestation_secret() {
+    let (status, stderr) = run_to_exit(&[]);
+    assert!(!status.success());
+    assert!(
+        stderr.contains("--attestation-secret NAMESPACE/NAME")
+            && stderr.contains("--insecure-skip-attestation"),
+        "{stderr}"
+    );
+    let (status, stderr) = run_to_exit(&["--attestation-secret=no-slash"]);
+    assert!(!status.success());
+    assert!(stderr.contains("expected NAMESPACE/NAME"), "{stderr}");
+    let (status, stderr) = run_to_exit(&[
+        "--attestation-secret=sealed/attestation",
+        "--insecure-skip-attestation",
+    ]);
+    assert!(!status.success());
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_and_cache_dirs_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let store = store_with_version("state_and_cache_dirs_are_private").await;
+    let home = tempfile::tempdir().unwrap();
+    // Left world-readable by an earlier version of the plugin.
+    for d in ["state", "cache"] {
+        std::fs::create_dir(home.path().join(d)).unwrap();
+        std::fs::set_permissions(home.path().join(d), std::fs::Permissions::from_mode(0o755))
+            .unwrap();
+    }
+    let plugin = Plugin::start_in(home, &store.url, &[]);
+    for d in ["state", "cache", "state/mounts", "state/publications"] {
+        let mode = std::fs::metadata(plugin.dir.path().join(d))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777;
+        assert_eq!(mode, 0o700, "{d}: {mode:o}; {}", plugin.log());
+    }
+    // New ones are made 0700.
+    let fresh = Plugin::start(&store.url, &[]);
+    for d in ["state", "cache"] {
+        let mode = std::fs::metadata(fresh.dir.path().join(d))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777;
+        assert_eq!(mode, 0o700, "{d}: {mode:o}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn targets_outside_kubelet_pods_are_refused_and_left_alone() {
+    let store = store_with_version("targets_outside_kubelet_pods_are_refused").await;
+    let plugin = Plugin::start(&store.url, &[]);
+    let mut client = NodeClient::new(plugin.channel().await);
+    let digest = store.digest.to_string();
+    // An unrelated directory, a tmpfs on it when we may mount, with a file in it.
+    let unrelated_home = tempfile::tempdir().unwrap();
+    let unrelated = unrelated_home.path().join("unrelated");
+    std::fs::create_dir(&unrelated).unwrap();
+    let tmpfs = can_mount();
+    if tmpfs {
+        nix::mount::mount(
+            Some("tmpfs"),
+            &unrelated,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some("size=1m"),
+        )
+        .unwrap();
+    }
+    std::fs::write(unrelated.join("keep"), b"precious").unwrap();
+    let pods = plugin.pods();
+    std::fs::create_dir_all(pods.join("uid")).unwrap();
+    // A symlink in kubelet's pods dir to the unrelated dir, and paths that climb out.
+    std::os::unix::fs::symlink(&unrelated, pods.join("uid/escape")).unwrap();
+    let dotdot = format!("{}/uid/../../../unrelated", pods.display());
+    let targets: Vec<(std::path::PathBuf, &str)> = vec![
+        (unrelated.clone(), "outside kubelet's pod directories"),
+        (unrelated.join("sub"), "outside kubelet's pod directories"),
+        (pods.join("uid/escape"), "symbolic link"),
+        (pods.join("uid/escape/mount"), "resolves to"),
+        (dotdot.into(), "'.' or '..'"),
+        (plugin.dir.path().join("state/mounts"), "outside"),
+        (pods.clone(), "outside"),
+    ];
+    for (target, needle) in &targets {
+        let status = client
+            .node_publish_volume(publish_req("v", target, &digest))
+            .await
+            .expect_err("publish outside <kubelet>/pods");
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        assert!(
+            status.message().contains(needle) && status.message().contains("nothing was mounted"),
+            "{}: {}",
+            target.display(),
+            status.message()
+        );
+        let status = client
+            .node_unpublish_volume(NodeUnpublishVolumeRequest {
+                volume_id: "v".into(),
+                target_path: target.display().to_string(),
+            })
+            .await
+            .expect_err("unpublish outside <kubelet>/pods");
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains(needle), "{}", status.message());
+    }
+    // Nothing was unmounted or removed.
+    assert_eq!(std::fs::read(unrelated.join("keep")).unwrap(), b"precious");
+    assert!(pods.join("uid/escape").symlink_metadata().is_ok());
+    if tmpfs {
+        assert!(
+            sealed_csi::mounts::is_mount_point(&unrelated),
+            "the tmpfs survives"
+        );
+        nix::mount::umount(&unrelated).unwrap();
+    } else {
+        println!("tmpfs part skipped: needs root");
+    }
 }

@@ -7,8 +7,10 @@
 //! (`sha256sum` of every file in the pod vs. the host's on the pushed tree); a second pod
 //! shares the one FUSE mount (one FUSE mount + two binds in /proc/self/mountinfo, and the
 //! plugin's metrics say so); a pod with a static ReadOnlyMany PersistentVolume of the digest
-//! (through a claim) reads the same and adds a third bind; a pod in a namespace without a SealedVolumeVersion of the digest
-//! is refused (a FailedMount event naming PermissionDenied); deleting a pod drops its bind
+//! (through a claim) reads the same and adds a third bind; a pod in a namespace with only a
+//! tenant-made (unattested) SealedVolumeVersion of the digest is refused (a FailedMount event
+//! naming PermissionDenied and the missing attestation); the node publications Lease lists
+//! the digest while pods use it, and not after; deleting a pod drops its bind
 //! and keeps the FUSE mount for the other; the plugin is SIGKILLed and restarted while a pod
 //! reads in a loop (what the pod sees is printed, and docs/csi.md says it); deleting the last
 //! pod leaves nothing mounted; a pod started after the restart reads correct data.
@@ -22,12 +24,12 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use common::Made;
 use common::{FdHolder, Plugin, TestStore, can_mount, store_with_version};
 use k8s_openapi::api::core::v1::{Event, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
 use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
 use kube::{Api, Client};
-use sealed_crds::{SealedVolumeVersion, SealedVolumeVersionSpec};
 use sealed_csi::DRIVER_NAME;
 use sealed_e2e::wait_for;
 use sealed_e2e::{BUSYBOX_IMAGE, Cluster};
@@ -265,11 +267,18 @@ async fn pods_read_sealed_volumes_through_the_real_kubelet() -> Result<()> {
     let created_driver = ensure_csidriver(&client).await?;
     let owner = cluster.temp_namespace("sealed-pods").await?;
     let stranger = cluster.temp_namespace("sealed-pods-other").await?;
+    // The operator's namespace: the attestation Secret and the node publications Lease.
+    let system = cluster.temp_namespace("sealed-pods-system").await?;
     let store = store_with_version(&owner).await;
 
     // The plugin outlives `run` so that, on failure too, the pods go before it does.
     let mut plugin = None;
-    let result = run(&cluster, &node, &owner, &stranger, &store, &mut plugin).await;
+    let namespaces = Namespaces {
+        owner: &owner,
+        stranger: &stranger,
+        system: &system,
+    };
+    let result = run(&cluster, &node, namespaces, &store, &mut plugin).await;
     if let (Err(_), Some(p)) = (&result, &plugin) {
         eprintln!("plugin log:\n{}", p.log());
     }
@@ -286,6 +295,7 @@ async fn pods_read_sealed_volumes_through_the_real_kubelet() -> Result<()> {
         .await;
     }
     drop(plugin);
+    let _ = cluster.delete_namespace(&system).await;
     let _ = Api::<PersistentVolume>::all(client.clone())
         .delete(&format!("{owner}-model"), &DeleteParams::default())
         .await;
@@ -297,28 +307,45 @@ async fn pods_read_sealed_volumes_through_the_real_kubelet() -> Result<()> {
     result
 }
 
+#[derive(Clone, Copy)]
+struct Namespaces<'a> {
+    /// Has the operator-made version of the digest.
+    owner: &'a str,
+    /// Has a tenant-made (unattested) version of the same digest.
+    stranger: &'a str,
+    /// The attestation Secret and the node publications Lease.
+    system: &'a str,
+}
+
 async fn run(
     cluster: &Cluster,
     node: &str,
-    owner: &str,
-    stranger: &str,
+    ns: Namespaces<'_>,
     store: &TestStore,
     slot: &mut Option<Plugin>,
 ) -> Result<()> {
     let client = cluster.client.clone();
     let digest = store.digest.to_string();
-    Api::<SealedVolumeVersion>::namespaced(client.clone(), owner)
-        .create(
-            &PostParams::default(),
-            &SealedVolumeVersion::new(
-                &SealedVolumeVersionSpec::object_name("model", &digest),
-                SealedVolumeVersionSpec {
-                    volume: "model".into(),
-                    digest: digest.clone(),
-                },
-            ),
-        )
-        .await?;
+    let attestation = common::attestation_secret(
+        &client,
+        ns.system,
+        "sealed-attestation",
+        &common::key_material(),
+    )
+    .await?;
+    // As the operator makes a version: owned by its volume, attested.
+    let model = common::sealed_volume(&client, ns.owner, "model", &[], false).await?;
+    common::sealed_version(
+        &client,
+        &model,
+        &digest,
+        None,
+        Made::ByOperator(&attestation.key),
+    )
+    .await?;
+    // A tenant's own version of the same digest (digests are not secrets): no attestation.
+    let stolen = common::sealed_volume(&client, ns.stranger, "model", &[], false).await?;
+    common::sealed_version(&client, &stolen, &digest, None, Made::WithAttestation(None)).await?;
     let metrics_addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
     let kubelet_dir =
         std::env::var("SEALED_KUBELET_DIR").unwrap_or_else(|_| "/var/lib/kubelet".into());
@@ -329,6 +356,8 @@ async fn run(
         format!("--kubelet-dir={kubelet_dir}"),
         format!("--metrics-addr={metrics_addr}"),
         format!("--fd-holder={}", holder.socket.display()),
+        attestation.flag(),
+        format!("--publications-namespace={}", ns.system),
     ];
     let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
     *slot = Some(Plugin::start_api(
@@ -337,30 +366,30 @@ async fn run(
         &cluster.kubeconfig,
         &extra,
     ));
-    with_plugin(
-        cluster,
-        node,
-        owner,
-        stranger,
-        store,
-        slot,
-        metrics_addr,
-        &extra,
-    )
-    .await
+    with_plugin(cluster, node, ns, store, slot, metrics_addr, &extra).await
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Whether the node publications Lease lists `digest` for `namespace`.
+async fn leased(client: &Client, ns: Namespaces<'_>, node: &str, digest: &str) -> Result<bool> {
+    let Some((_, doc)) = common::node_publications(client, ns.system, node).await? else {
+        return Ok(false);
+    };
+    Ok(doc
+        .published
+        .iter()
+        .any(|p| p.namespace == ns.owner && p.digest == digest))
+}
+
 async fn with_plugin(
     cluster: &Cluster,
     node: &str,
-    owner: &str,
-    stranger: &str,
+    ns: Namespaces<'_>,
     store: &TestStore,
     slot: &mut Option<Plugin>,
     metrics_addr: SocketAddr,
     extra: &[&str],
 ) -> Result<()> {
+    let (owner, stranger) = (ns.owner, ns.stranger);
     let plugin = slot.as_ref().context("no plugin")?;
     let client = cluster.client.clone();
     let digest = store.digest.to_string();
@@ -389,6 +418,11 @@ async fn with_plugin(
     ensure!(
         pod_log(&pods, "reader-a").await.contains("READ-ONLY"),
         "the pod could write to its sealed volume"
+    );
+    // The operator can see the digest in use on this node.
+    ensure!(
+        leased(&client, ns, node, &digest).await?,
+        "the node publications Lease does not list ({owner}, {digest}) while reader-a runs"
     );
 
     // 2. A second pod: the same FUSE mount, a second bind.
@@ -468,6 +502,11 @@ async fn with_plugin(
         refusal.contains(stranger) && refusal.contains(&digest),
         "the refusal should name the namespace and digest: {refusal}"
     );
+    // The stranger's own SealedVolumeVersion of the digest does not help: not operator-made.
+    ensure!(
+        refusal.contains("was not made by the operator (no valid attestation"),
+        "the refusal should say the stranger's version is not attested: {refusal}"
+    );
     let intruder = strangers.get("intruder").await?;
     let phase = intruder.status.and_then(|s| s.phase);
     ensure!(
@@ -544,6 +583,13 @@ async fn with_plugin(
         "after deleting every pod: {fuse} FUSE mount(s) + {binds} bind(s) left; plugin log:\n{}",
         plugin.log()
     );
+    // kubelet may report the pod gone a moment before its unpublish returns.
+    wait_for(
+        "the node publications Lease to drop the digest",
+        Duration::from_secs(10),
+        || async { Ok(!leased(&client, ns, node, &digest).await?) },
+    )
+    .await?;
 
     // 7. A pod started after the restart reads correct data; its deletion cleans up too.
     let sums = start_reader(&pods, "reader-c", node, &digest).await?;

@@ -51,9 +51,15 @@ async fn csi_sanity_passes() {
     let params = work.join("volume-parameters.yaml");
     std::fs::write(&params, format!("digest: \"{}\"\n", store.digest)).unwrap();
 
+    // csi-sanity makes its mount dir with a plain mkdir: the parent must exist.
+    std::fs::create_dir_all(plugin.pods().join("sanity")).unwrap();
     let output = Command::new(&sanity)
         .arg(format!("--csi.endpoint={}", plugin.endpoint()))
-        .arg(format!("--csi.mountdir={}", work.join("mnt").display()))
+        // Targets must be under <kubelet-root>/pods; the plugin runs with --kubelet-root=<work>.
+        .arg(format!(
+            "--csi.mountdir={}",
+            plugin.pods().join("sanity/mnt").display()
+        ))
         .arg(format!(
             "--csi.stagingdir={}",
             work.join("staging").display()

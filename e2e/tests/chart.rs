@@ -450,6 +450,7 @@ fn rbac_is_least_privilege() -> Result<()> {
     const OPERATOR: &str = "ClusterRole sv-sealed-volumes-operator";
     const OPERATOR_NS: &str = "Role sv-sealed-volumes-operator";
     const NODE: &str = "ClusterRole sv-sealed-volumes-node";
+    const NODE_NS: &str = "Role sv-sealed-volumes-node";
     for executor in ["job", "inline"] {
         let docs = render(&helm, &[&format!("operator.syncExecutor={executor}")])?;
         let rules = rules(&docs)?;
@@ -466,9 +467,15 @@ fn rbac_is_least_privilege() -> Result<()> {
             assert!(rule.non_resource_urls.is_none(), "{role}: {rule:?}");
         }
         let roles: BTreeSet<&str> = rules.iter().map(|(name, _)| name.as_str()).collect();
-        assert_eq!(roles, [OPERATOR, OPERATOR_NS, NODE].into(), "{executor}");
-        let role: Role = one(&docs, "Role")?;
-        assert_eq!(role.metadata.namespace.as_deref(), Some("sealed-system"));
+        assert_eq!(
+            roles,
+            [OPERATOR, OPERATOR_NS, NODE, NODE_NS].into(),
+            "{executor}"
+        );
+        for doc in of_kind(&docs, "Role") {
+            let role: Role = serde_json::from_value(doc.clone())?;
+            assert_eq!(role.metadata.namespace.as_deref(), Some("sealed-system"));
+        }
 
         // Secrets are never listed or watched: the operator gets the ones a source names;
         // with Jobs it also creates each sync's credentials copy in its own namespace.
@@ -519,10 +526,34 @@ fn rbac_is_least_privilege() -> Result<()> {
         expect(NODE, "sealedvolumes", &["get"]);
         expect(NODE, "events", &["create"]);
         expect(NODE, "secrets", &[]);
+        expect(NODE, "csidrivers", &["get"]);
+        expect(NODE, "pods", &["get"]);
+        // In the release namespace: the attestation Secret (only that one), and its node's
+        // publications Lease.
+        expect(NODE_NS, "secrets", &["get"]);
+        expect(NODE_NS, "leases", &["create", "get", "update"]);
+        let names_of = |role: &str, resource: &str| -> Vec<String> {
+            rules
+                .iter()
+                .filter(|(name, r)| {
+                    name == role && r.resources.iter().flatten().any(|x| x == resource)
+                })
+                .flat_map(|(_, r)| r.resource_names.clone().unwrap_or_default())
+                .collect()
+        };
+        assert_eq!(
+            names_of(NODE_NS, "secrets"),
+            ["sv-sealed-volumes-attestation"]
+        );
+        assert_eq!(names_of(NODE, "csidrivers"), ["csi.sealedvolumes.io"]);
     }
-    // Without leader election there is no Lease access at all.
+    // Without leader election there is no Lease access beyond the node plugins' own Leases.
     let rules = rules(&render(&helm, &["operator.leaderElect=false"])?)?;
-    assert!(grants(&rules, "", "leases").is_empty());
+    let others: Vec<(String, PolicyRule)> = rules
+        .into_iter()
+        .filter(|(name, _)| name != NODE_NS)
+        .collect();
+    assert!(grants(&others, "", "leases").is_empty());
     Ok(())
 }
 
@@ -581,6 +612,11 @@ fn only_the_plugin_container_is_privileged() -> Result<()> {
                 flag(plugin, "--kubelet-dir"),
                 None,
                 "one registration, not two"
+            );
+            // Targets are still held to kubelet's pods directory.
+            assert_eq!(
+                flag(plugin, "--kubelet-root").as_deref(),
+                Some("/var/lib/kubelet")
             );
             let registry = pod_spec(&ds)
                 .volumes
@@ -646,6 +682,23 @@ fn node_plugin_mounts_and_flags_follow_the_values() -> Result<()> {
         .and_then(|e| e.value_from.as_ref()?.field_ref.as_ref())
         .map(|f| f.field_path.clone());
     assert_eq!(node_name.as_deref(), Some("spec.nodeName"));
+    // Only operator-attested versions authorize a mount; the node reports what it publishes.
+    assert_eq!(
+        flag(plugin, "--attestation-secret").as_deref(),
+        Some("sealed-system/sv-sealed-volumes-attestation")
+    );
+    assert_eq!(
+        flag(plugin, "--publications-namespace").as_deref(),
+        Some("$(POD_NAMESPACE)")
+    );
+    let pod_namespace = plugin
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "POD_NAMESPACE")
+        .and_then(|e| e.value_from.as_ref()?.field_ref.as_ref())
+        .map(|f| f.field_path.clone());
+    assert_eq!(pod_namespace.as_deref(), Some("metadata.namespace"));
     let mounts = plugin.volume_mounts.clone().unwrap_or_default();
     let kubelet = mounts
         .iter()

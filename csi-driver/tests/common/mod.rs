@@ -77,6 +77,9 @@ impl Plugin {
     }
 
     /// Starts the plugin with `dir` as its home (socket, state, cache): a restart reuses it.
+    ///
+    /// Unless `extra` names `--kubelet-dir` or `--kubelet-root`, the plugin gets
+    /// `--kubelet-root=<dir>`: targets must then be under `<dir>/pods` (see [`Plugin::pods`]).
     pub fn start_in(dir: TempDir, store_url: &str, extra: &[&str]) -> Plugin {
         let mut args = vec!["--standalone", "--node-id=test-node"];
         args.extend_from_slice(extra);
@@ -116,6 +119,15 @@ impl Plugin {
 
     fn launch(dir: TempDir, store_url: &str, extra: &[&str], envs: &[(&str, &str)]) -> Plugin {
         let socket = dir.path().join("csi.sock");
+        // The test's own kubelet root: targets go to <dir>/pods (the rule is never relaxed).
+        let kubelet_root = format!("--kubelet-root={}", dir.path().display());
+        let mut extra = extra.to_vec();
+        if !extra
+            .iter()
+            .any(|a| a.starts_with("--kubelet-dir") || a.starts_with("--kubelet-root"))
+        {
+            extra.push(&kubelet_root);
+        }
         // A crashed run leaves its socket behind; wait for the new one.
         let _ = std::fs::remove_file(&socket);
         let log = std::fs::OpenOptions::new()
@@ -166,6 +178,11 @@ impl Plugin {
 
     pub fn endpoint(&self) -> String {
         format!("unix://{}", self.socket.display())
+    }
+
+    /// `<dir>/pods`: where targets may be (the plugin runs with `--kubelet-root=<dir>`).
+    pub fn pods(&self) -> PathBuf {
+        self.dir.path().join("pods")
     }
 
     pub fn log(&self) -> String {
@@ -366,4 +383,201 @@ pub fn can_mount() -> bool {
     // SAFETY: geteuid cannot fail.
     let root = unsafe { libc::geteuid() } == 0;
     root && Path::new("/dev/fuse").exists()
+}
+
+/// A Secret like the operator's attestation Secret, and its key.
+pub struct Attestation {
+    /// `NAMESPACE/NAME`, for `--attestation-secret`.
+    pub secret: String,
+    pub namespace: String,
+    pub name: String,
+    pub key: sealed_crds::attestation::AttestationKey,
+}
+
+impl Attestation {
+    /// `--attestation-secret=...`.
+    pub fn flag(&self) -> String {
+        format!("--attestation-secret={}", self.secret)
+    }
+}
+
+/// 32 bytes nobody can guess in advance (a test's key; tests must not share one).
+pub fn key_material() -> Vec<u8> {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+        ^ u64::from(std::process::id());
+    sealed_e2e::pseudo_random(32, seed)
+}
+
+/// Creates (or replaces the key of) Secret `namespace/name` with `material` as its
+/// `key`, as the operator does.
+pub async fn attestation_secret(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    material: &[u8],
+) -> anyhow::Result<Attestation> {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::{Patch, PatchParams};
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name, "namespace": namespace },
+        "data": {
+            (sealed_crds::attestation::SECRET_KEY): k8s_openapi::ByteString(material.to_vec()),
+        },
+    }))?;
+    kube::Api::<Secret>::namespaced(client.clone(), namespace)
+        .patch(
+            name,
+            &PatchParams::apply("sealed-csi-test").force(),
+            &Patch::Apply(&secret),
+        )
+        .await?;
+    Ok(Attestation {
+        secret: format!("{namespace}/{name}"),
+        namespace: namespace.into(),
+        name: name.into(),
+        key: sealed_crds::attestation::AttestationKey::from_secret_bytes(material)?,
+    })
+}
+
+/// Creates SealedVolume `namespace/name` (an upload volume) with `tags`.
+pub async fn sealed_volume(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    tags: &[(&str, &str)],
+    shared: bool,
+) -> anyhow::Result<sealed_crds::SealedVolume> {
+    let volume = sealed_crds::SealedVolume::new(
+        name,
+        sealed_crds::SealedVolumeSpec {
+            source: sealed_crds::Source::upload(),
+            tags: tags
+                .iter()
+                .map(|(t, d)| (t.to_string(), d.to_string()))
+                .collect(),
+            retention: sealed_crds::Retention::default(),
+            shared,
+        },
+    );
+    Ok(
+        kube::Api::<sealed_crds::SealedVolume>::namespaced(client.clone(), namespace)
+            .create(&kube::api::PostParams::default(), &volume)
+            .await?,
+    )
+}
+
+/// How a test's SealedVolumeVersion claims to have been made.
+pub enum Made<'a> {
+    /// As the operator makes it: controller-owned by its volume, `status.attestation`
+    /// written with this key (through the status subresource).
+    ByOperator(&'a sealed_crds::attestation::AttestationKey),
+    /// Owned by its volume, with this `status.attestation` (forged, copied, none).
+    WithAttestation(Option<String>),
+    /// No owner reference at all, no attestation.
+    Unowned,
+}
+
+/// Creates a SealedVolumeVersion of `digest` for `volume` (which must exist), named
+/// `name` (default: the operator's name for it).
+pub async fn sealed_version(
+    client: &kube::Client,
+    volume: &sealed_crds::SealedVolume,
+    digest: &str,
+    name: Option<&str>,
+    made: Made<'_>,
+) -> anyhow::Result<sealed_crds::SealedVolumeVersion> {
+    use kube::Resource as _;
+    use kube::ResourceExt as _;
+    use kube::api::{Patch, PatchParams, PostParams};
+    let namespace = volume.namespace().unwrap_or_default();
+    let volume_name = volume.name_any();
+    let object_name = name
+        .map(String::from)
+        .unwrap_or_else(|| sealed_crds::SealedVolumeVersionSpec::object_name(&volume_name, digest));
+    let mut version = sealed_crds::SealedVolumeVersion::new(
+        &object_name,
+        sealed_crds::SealedVolumeVersionSpec {
+            volume: volume_name.clone(),
+            digest: digest.into(),
+        },
+    );
+    version.metadata.labels = Some(
+        [("sealedvolumes.io/volume".to_string(), volume_name.clone())]
+            .into_iter()
+            .collect(),
+    );
+    let attestation = match &made {
+        Made::ByOperator(key) => Some(key.attest(&namespace, &volume_name, digest)),
+        Made::WithAttestation(a) => a.clone(),
+        Made::Unowned => None,
+    };
+    if !matches!(made, Made::Unowned) {
+        version.metadata.owner_references = volume.controller_owner_ref(&()).map(|o| vec![o]);
+    }
+    let api = kube::Api::<sealed_crds::SealedVolumeVersion>::namespaced(client.clone(), &namespace);
+    let created = api.create(&PostParams::default(), &version).await?;
+    let Some(attestation) = attestation else {
+        return Ok(created);
+    };
+    Ok(api
+        .patch_status(
+            &object_name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "status": { "attestation": attestation } })),
+        )
+        .await?)
+}
+
+/// Writes `status.attestation` of version `namespace/name`.
+pub async fn set_attestation(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    attestation: &str,
+) -> anyhow::Result<()> {
+    use kube::api::{Patch, PatchParams};
+    kube::Api::<sealed_crds::SealedVolumeVersion>::namespaced(client.clone(), namespace)
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "status": { "attestation": attestation } })),
+        )
+        .await?;
+    Ok(())
+}
+
+/// The node publications Lease of `node` in `namespace`, parsed (`None` when absent).
+pub async fn node_publications(
+    client: &kube::Client,
+    namespace: &str,
+    node: &str,
+) -> anyhow::Result<
+    Option<(
+        k8s_openapi::api::coordination::v1::Lease,
+        sealed_crds::publications::NodePublications,
+    )>,
+> {
+    use sealed_crds::publications::{ANNOTATION, NodePublications};
+    let name = NodePublications::lease_name(node);
+    let Some(lease) = kube::Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+        client.clone(),
+        namespace,
+    )
+    .get_opt(&name)
+    .await?
+    else {
+        return Ok(None);
+    };
+    let json = lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION))
+        .cloned()
+        .unwrap_or_default();
+    let doc: NodePublications = serde_json::from_str(&json)?;
+    Ok(Some((lease, doc)))
 }
