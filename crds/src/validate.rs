@@ -30,8 +30,26 @@ pub const DIGEST_HELP: &str = "must be a digest: blake3: and 64 lowercase hex di
 /// What a valid tag name looks like.
 pub const TAG_NAME_HELP: &str = "a tag name has lowercase letters, digits, '-' and '.', starts and ends with a letter or digit, and is at most 63 characters";
 /// What a valid duration looks like.
-pub const DURATION_HELP: &str =
-    "must be a duration such as 168h, 72h, 1h30m or 0 (units: h, m, s, ms, us, ns)";
+pub const DURATION_HELP: &str = "must be a duration such as 168h, 72h, 1h30m or 0 (units: h, m, s, ms, us, ns), at most 876000h (100 years)";
+
+/// The longest duration [`parse_duration`] accepts: 100 years of 365 days, `876000h`. A
+/// retention or grace period longer than that is a typo, and it would overflow the
+/// timestamps it is added to; the CRD's CEL rule on `retention.deletedVersions` has the
+/// same bound (`duration(self) <= duration('876000h')`).
+pub const MAX_DURATION: std::time::Duration = std::time::Duration::from_secs(876_000 * 3600);
+/// [`MAX_DURATION`] as the schema and messages write it.
+pub const MAX_DURATION_TEXT: &str = "876000h";
+
+/// Why a string is not a duration [`parse_duration`] accepts.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    #[error(
+        "'{0}' is not a duration: use a number with a unit, e.g. 168h, 1h30m, 90s or 0 (units: h, m, s, ms, us, ns)"
+    )]
+    Malformed(String),
+    #[error("'{0}' is longer than the maximum of {MAX_DURATION_TEXT} (100 years)")]
+    TooLong(String),
+}
 
 /// True for `blake3:` and 64 lowercase hex digits (the schema's `DIGEST_PATTERN`).
 pub fn is_digest(s: &str) -> bool {
@@ -57,48 +75,89 @@ pub fn is_duration(s: &str) -> bool {
     parse_duration(s).is_some()
 }
 
-/// Parses a duration that [`is_duration`] accepts.
+/// Parses a duration that [`is_duration`] accepts: at most [`MAX_DURATION`].
 pub fn parse_duration(s: &str) -> Option<std::time::Duration> {
+    parse_duration_checked(s).ok()
+}
+
+/// Parses a non-negative Go duration (`168h`, `1h30m`, `1.5h`, `250ms`, `0`) exactly, in
+/// integer nanoseconds (fractions below a nanosecond are dropped, as Go drops them), and
+/// refuses one over [`MAX_DURATION`] with [`DurationError::TooLong`]. Never overflows: the
+/// sum is checked against the bound after every term.
+pub fn parse_duration_checked(s: &str) -> Result<std::time::Duration, DurationError> {
+    const MAX_NS: u128 = MAX_DURATION.as_nanos();
+    let shown = || s.chars().take(64).collect::<String>();
+    let malformed = || DurationError::Malformed(shown());
     if s == "0" {
-        return Some(std::time::Duration::ZERO);
+        return Ok(std::time::Duration::ZERO);
     }
     if s.is_empty() {
-        return None;
+        return Err(malformed());
     }
     let mut rest = s;
-    let mut total = 0f64;
+    let mut total: u128 = 0;
+    let mut too_long = false;
     while !rest.is_empty() {
         let int_len = rest.bytes().take_while(u8::is_ascii_digit).count();
         if int_len == 0 {
-            return None;
+            return Err(malformed());
         }
-        let mut num_len = int_len;
-        if rest[num_len..].starts_with('.') {
-            let frac = rest[num_len + 1..]
-                .bytes()
-                .take_while(u8::is_ascii_digit)
-                .count();
-            if frac == 0 {
-                return None;
+        let int_digits = &rest[..int_len];
+        rest = &rest[int_len..];
+        let mut frac_digits = "";
+        if let Some(after) = rest.strip_prefix('.') {
+            let frac_len = after.bytes().take_while(u8::is_ascii_digit).count();
+            if frac_len == 0 {
+                return Err(malformed());
             }
-            num_len += 1 + frac;
+            frac_digits = &after[..frac_len];
+            rest = &after[frac_len..];
         }
-        let value: f64 = rest[..num_len].parse().ok()?;
-        rest = &rest[num_len..];
-        let (unit, seconds) = [
-            ("ns", 1e-9),
-            ("us", 1e-6),
-            ("ms", 1e-3),
-            ("s", 1.0),
-            ("m", 60.0),
-            ("h", 3600.0),
+        let (unit, unit_ns): (&str, u128) = [
+            ("ns", 1),
+            ("us", 1_000),
+            ("ms", 1_000_000),
+            ("s", 1_000_000_000),
+            ("m", 60_000_000_000),
+            ("h", 3_600_000_000_000),
         ]
         .into_iter()
-        .find(|(u, _)| rest.starts_with(u))?;
+        .find(|(u, _)| rest.starts_with(u))
+        .ok_or_else(malformed)?;
         rest = &rest[unit.len()..];
-        total += value * seconds;
+        if too_long {
+            continue; // keep checking the syntax, the value is refused anyway
+        }
+        // Integer part: stop as soon as it passes the bound (a thousand digits cannot
+        // overflow anything).
+        let mut int: u128 = 0;
+        for d in int_digits.bytes() {
+            int = int * 10 + u128::from(d - b'0');
+            if int > MAX_NS {
+                too_long = true;
+                break;
+            }
+        }
+        // Fraction: at most 20 digits matter below a nanosecond of an hour.
+        let (mut frac, mut scale): (u128, u128) = (0, 1);
+        for d in frac_digits.bytes().take(20) {
+            frac = frac * 10 + u128::from(d - b'0');
+            scale *= 10;
+        }
+        let term = int
+            .checked_mul(unit_ns)
+            .and_then(|ns| ns.checked_add(frac * unit_ns / scale));
+        match term.and_then(|t| total.checked_add(t)) {
+            Some(sum) if sum <= MAX_NS && !too_long => total = sum,
+            _ => too_long = true,
+        }
     }
-    std::time::Duration::try_from_secs_f64(total).ok()
+    if too_long {
+        return Err(DurationError::TooLong(shown()));
+    }
+    let secs = u64::try_from(total / 1_000_000_000).map_err(|_| DurationError::TooLong(shown()))?;
+    let nanos = u32::try_from(total % 1_000_000_000).map_err(|_| malformed())?;
+    Ok(std::time::Duration::new(secs, nanos))
 }
 
 /// `^https?://[^/]+`: a scheme and a host.
@@ -184,11 +243,8 @@ impl SealedVolumeSpec {
                 errors.push(InvalidSpec::new(format!("spec.tags.{name}"), DIGEST_HELP));
             }
         }
-        if !is_duration(&self.retention.deleted_versions) {
-            errors.push(InvalidSpec::new(
-                "spec.retention.deletedVersions",
-                DURATION_HELP,
-            ));
+        if let Err(e) = self.retention.deleted_versions() {
+            errors.push(e);
         }
         errors
     }
@@ -274,7 +330,64 @@ mod tests {
         );
         for bad in ["", "7d", "-1h", "h", "1", "1.h", "1h ", " 1h", "+1h", "1.5"] {
             assert_eq!(parse_duration(bad), None, "{bad}");
+            assert!(matches!(
+                parse_duration_checked(bad),
+                Err(DurationError::Malformed(_))
+            ));
         }
+        // Exact, not through floating point.
+        assert_eq!(
+            parse_duration("1h0.000000001s"),
+            Some(h + std::time::Duration::from_nanos(1))
+        );
+        assert_eq!(
+            parse_duration("1.000000000000000000009h"),
+            Some(h),
+            "digits below a nanosecond are dropped"
+        );
+        assert_eq!(
+            parse_duration("2m3s4ms5us6ns").unwrap().as_nanos(),
+            123_004_005_006
+        );
+    }
+
+    #[test]
+    fn durations_are_bounded() {
+        assert_eq!(parse_duration("876000h"), Some(MAX_DURATION));
+        assert_eq!(parse_duration("875999h60m"), Some(MAX_DURATION));
+        assert_eq!(parse_duration("52560000m"), Some(MAX_DURATION));
+        for long in [
+            "876000h1ns",
+            "876001h",
+            "3000000000h",
+            "438000h438000h1s",
+            "18446744073709551615s",
+            "99999999999999999999999999999999999999999999999999h",
+            "1e9h",
+        ] {
+            let got = parse_duration_checked(long);
+            assert!(
+                matches!(
+                    got,
+                    Err(DurationError::TooLong(_)) | Err(DurationError::Malformed(_))
+                ),
+                "{long}: {got:?}"
+            );
+            assert_eq!(parse_duration(long), None, "{long}");
+        }
+        let e = parse_duration_checked("3000000000h")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("3000000000h") && e.contains("876000h"), "{e}");
+        // A long one is still checked for syntax after the bound is passed.
+        assert!(matches!(
+            parse_duration_checked("3000000000h7d"),
+            Err(DurationError::Malformed(_))
+        ));
+        // Every string the schema admits parses without a panic, however long.
+        let _ = parse_duration_checked(&"9".repeat(10_000));
+        let _ = parse_duration_checked(&format!("{}h", "9".repeat(10_000)));
+        let _ = parse_duration_checked(&format!("1.{}h", "9".repeat(10_000)));
     }
 
     #[test]

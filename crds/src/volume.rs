@@ -347,11 +347,15 @@ pub struct SecretRef {
 #[serde(rename_all = "camelCase")]
 pub struct Retention {
     /// How long a deleted version stays restorable (`sealed restore DIGEST`) before garbage
-    /// collection may reclaim its chunks, as a Go duration: 168h, 72h, 30m, 0.
+    /// collection may reclaim its chunks, as a Go duration: 168h, 72h, 30m, 0; at most
+    /// 876000h (100 years).
+    // The bound is `validate::MAX_DURATION` (longer would overflow the timestamps it is
+    // added to). A value too large for CEL's `duration()` (Go's int64 nanoseconds) fails the
+    // rule's evaluation, which the API server reports as invalid with the same message.
     #[serde(default = "default_deleted_versions")]
     #[x_kube(validation = kube::core::Rule::new(
-        "self.matches('^(0|([0-9]+(\\\\.[0-9]+)?(ns|us|ms|s|m|h))+)$')"
-    ).message("must be a duration such as 168h, 72h, 1h30m or 0 (units: h, m, s, ms, us, ns)"))]
+        "self.matches('^(0|([0-9]+(\\\\.[0-9]+)?(ns|us|ms|s|m|h))+)$') && duration(self) <= duration('876000h')"
+    ).message("must be a duration such as 168h, 72h, 1h30m or 0 (units: h, m, s, ms, us, ns), at most 876000h (100 years)"))]
     #[schemars(length(min = 1, max = 64))]
     pub deleted_versions: String,
 }
@@ -374,10 +378,10 @@ impl Default for Retention {
 impl Retention {
     /// `deletedVersions` as a duration.
     pub fn deleted_versions(&self) -> Result<std::time::Duration, InvalidSpec> {
-        crate::validate::parse_duration(&self.deleted_versions).ok_or_else(|| {
+        crate::validate::parse_duration_checked(&self.deleted_versions).map_err(|e| {
             InvalidSpec::new(
                 "spec.retention.deletedVersions",
-                crate::validate::DURATION_HELP,
+                format!("{}: {e}", crate::validate::DURATION_HELP),
             )
         })
     }
