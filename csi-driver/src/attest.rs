@@ -123,7 +123,17 @@ impl KeyCache {
         {
             return Ok(None);
         }
-        let key = self.read().await?;
+        let key = match self.read().await {
+            Ok(key) => key,
+            Err(e) => {
+                // Keep the old key, and do not ask again before the interval is over (the
+                // Secret may be between deletion and the operator making it again).
+                if let Some(c) = cached.as_mut() {
+                    c.read_at = Instant::now();
+                }
+                return Err(e);
+            }
+        };
         tracing::info!(source = %self.what, "attestation key read again");
         *cached = Some(Cached {
             key: key.clone(),
@@ -383,6 +393,16 @@ pub(crate) mod tests {
         assert_eq!(reads.load(Ordering::SeqCst), 2);
         let a = key(2).attest("n", "v", D);
         assert!(k2.verify(&a, "n", "v", D) && !k1.verify(&a, "n", "v", D));
+        assert!(cache.current().await.unwrap().verify(&a, "n", "v", D));
+        // The Secret gone for a while (a rotation by deletion): one clear error, the old key
+        // kept, and no new read before the interval is over.
+        material.lock().unwrap().clear();
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let e = cache.refreshed().await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unavailable);
+        assert_eq!(reads.load(Ordering::SeqCst), 3);
+        assert!(cache.refreshed().await.unwrap().is_none());
+        assert_eq!(reads.load(Ordering::SeqCst), 3);
         assert!(cache.current().await.unwrap().verify(&a, "n", "v", D));
     }
 
