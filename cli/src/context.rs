@@ -3,8 +3,9 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
+use clap::builder::RangedU64ValueParser;
 use clap::{Args, ValueEnum};
-use sealed_store::{ChunkStore, StoreOptions};
+use sealed_store::{ChunkStore, StoreOptions, limits};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum OutputFormat {
@@ -17,17 +18,20 @@ pub struct GlobalArgs {
     /// Store URL: file:///dir, s3://bucket/prefix, gs://bucket/prefix, az://container/prefix
     #[arg(long, global = true, env = "SEALED_STORE")]
     pub store: Option<String>,
-    /// Endpoint of an S3-compatible server (MinIO, R2, CoreWeave) or an Azure emulator
-    #[arg(long, global = true, env = "SEALED_ENDPOINT")]
+    /// Endpoint of an S3-compatible server (MinIO, R2, CoreWeave) or an Azure emulator:
+    /// http://host[:port] or https://host[:port]
+    #[arg(long, global = true, env = "SEALED_ENDPOINT", value_parser = parse_endpoint)]
     pub endpoint: Option<String>,
     /// Region of the bucket
     #[arg(long, global = true, env = "SEALED_REGION")]
     pub region: Option<String>,
-    /// Seconds before a store request is retried
-    #[arg(long, global = true, default_value_t = 30, env = "SEALED_TIMEOUT")]
+    /// Seconds before a store request is retried (1 to 86400, one day)
+    #[arg(long, global = true, default_value_t = 30, env = "SEALED_TIMEOUT",
+          value_parser = clap::value_parser!(u64).range(1..=MAX_TIMEOUT_SECS))]
     pub timeout: u64,
-    /// Retries of a failed store request
-    #[arg(long, global = true, default_value_t = 3)]
+    /// Retries of a failed store request (at most 100)
+    #[arg(long, global = true, default_value_t = 3,
+          value_parser = RangedU64ValueParser::<usize>::new().range(0..=MAX_RETRIES))]
     pub retries: usize,
     /// Output format
     #[arg(long, short = 'o', global = true, value_enum, default_value_t = OutputFormat::Text)]
@@ -38,6 +42,19 @@ pub struct GlobalArgs {
     /// Never draw progress bars
     #[arg(long, global = true)]
     pub no_progress: bool,
+}
+
+/// `--timeout`'s bound, seconds (the store's own: one day).
+const MAX_TIMEOUT_SECS: u64 = limits::MAX_TIMEOUT.as_secs();
+/// `--retries`' bound (the store's own).
+const MAX_RETRIES: u64 = limits::MAX_RETRIES as u64;
+
+/// `--endpoint` must say which protocol the server speaks: `127.0.0.1:9` is refused with
+/// "--endpoint 127.0.0.1:9 has no scheme: write http://127.0.0.1:9 or https://127.0.0.1:9".
+pub fn parse_endpoint(s: &str) -> Result<String, String> {
+    limits::check_endpoint(s)
+        .map(|()| s.to_owned())
+        .map_err(|reason| format!("--endpoint {s} {reason}"))
 }
 
 pub struct Context {
@@ -56,7 +73,7 @@ impl Context {
         let store_options = StoreOptions {
             endpoint: args.endpoint,
             region: args.region,
-            timeout: Duration::from_secs(args.timeout.max(1)),
+            timeout: Duration::from_secs(args.timeout.clamp(1, MAX_TIMEOUT_SECS)),
             retries: args.retries,
             // The embedded default store is created on first use; a named one must exist.
             create: default_store,
@@ -70,6 +87,7 @@ impl Context {
     }
 
     pub async fn open_store(&self) -> anyhow::Result<ChunkStore> {
+        self.store_options.validate()?;
         ChunkStore::open(&self.store_url, &self.store_options)
             .await
             .with_context(|| format!("cannot open store {}", self.store_url))

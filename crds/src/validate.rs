@@ -44,10 +44,10 @@ pub const MAX_DURATION_TEXT: &str = "876000h";
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DurationError {
     #[error(
-        "'{0}' is not a duration: use a number with a unit, e.g. 168h, 1h30m, 90s or 0 (units: h, m, s, ms, us, ns)"
+        "invalid duration '{0}': use a number with a unit, e.g. 168h, 1h30m, 90s or 0 (units: h, m, s, ms, us, ns)"
     )]
     Malformed(String),
-    #[error("'{0}' is longer than the maximum of {MAX_DURATION_TEXT} (100 years)")]
+    #[error("invalid duration '{0}': longer than the maximum of {MAX_DURATION_TEXT} (100 years)")]
     TooLong(String),
 }
 

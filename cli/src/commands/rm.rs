@@ -20,11 +20,11 @@ pub struct RmArgs {
     pub retention: Duration,
 }
 
-/// Parses a Go-style duration (`168h`, `1h30m`, `0`) as the CRDs' `retention` fields do.
+/// Parses a Go-style duration (`168h`, `1h30m`, `0`) as the CRDs' `retention` fields do,
+/// at most 876000h (100 years): `--retention 3000000000h` is refused here, not a panic
+/// when it is added to the clock.
 pub fn parse_duration_arg(s: &str) -> Result<Duration, String> {
-    sealed_crds::validate::parse_duration(s).ok_or_else(|| {
-        format!("invalid duration '{s}': use a number with a unit, e.g. 168h, 90m, 30s or 0")
-    })
+    sealed_crds::validate::parse_duration_checked(s).map_err(|e| e.to_string())
 }
 
 pub async fn run(ctx: &Context, args: RmArgs) -> anyhow::Result<ExitCode> {

@@ -47,8 +47,10 @@ pub struct SyncArgs {
     /// Return once the sync has started instead of following it
     #[arg(long)]
     pub no_wait: bool,
-    /// Give up following after this many seconds (the sync goes on in the cluster)
-    #[arg(long, default_value_t = 3600)]
+    /// Give up following after this many seconds (the sync goes on in the cluster); at
+    /// most 2592000 (30 days)
+    #[arg(long, default_value_t = 3600,
+          value_parser = clap::value_parser!(u64).range(0..=2_592_000))]
     pub wait_timeout: u64,
 }
 
