@@ -8,7 +8,9 @@
 //! retention durations) is declared here as OpenAPI patterns and CEL rules; [`validate`]
 //! has the same checks in Rust for clients that want to fail before they call the server.
 
+pub mod attestation;
 pub mod condition;
+pub mod publications;
 pub mod schema;
 pub mod validate;
 pub mod version;

@@ -28,7 +28,8 @@ pub struct OperatorConfig {
     pub sync_image: String,
     /// The namespace the operator runs in: sync Jobs and their Secrets live here.
     pub namespace: String,
-    /// Reconcile only this namespace's volumes (`None`: every namespace).
+    /// Reconcile only this namespace's volumes (`None`: every namespace); several namespaces
+    /// are separated by commas (see [`watches`](Self::watches)).
     pub watch_namespace: Option<String>,
     /// CPU and memory requests and limits of sync Jobs, e.g. "500m", "1Gi".
     pub sync_resources: SyncResources,
@@ -42,7 +43,13 @@ pub struct OperatorConfig {
     /// What sources tenants may sync and with which credentials (`--allow-file-sources`,
     /// `--allow-http-sources`, `--ambient-credentials-source`); its store is `store_url`.
     pub source_policy: SourcePolicy,
+    /// The Secret (in [`namespace`](Self::namespace)) holding the key that attests the
+    /// versions the operator makes; made on first start.
+    pub attestation_secret: String,
 }
+
+/// The attestation Secret's name when none is given.
+pub const DEFAULT_ATTESTATION_SECRET: &str = "sealed-attestation";
 
 #[derive(Clone, Debug, Default)]
 pub struct SyncResources {
@@ -53,6 +60,23 @@ pub struct SyncResources {
 }
 
 impl OperatorConfig {
+    /// The single namespace to watch, when exactly one is set: its objects are listed and
+    /// watched there alone (several namespaces are watched cluster-wide and filtered).
+    pub fn single_watch_namespace(&self) -> Option<&str> {
+        self.watch_namespace
+            .as_deref()
+            .filter(|ns| !ns.contains(','))
+            .map(str::trim)
+    }
+
+    /// Whether objects of `namespace` are this operator's to reconcile.
+    pub fn watches(&self, namespace: &str) -> bool {
+        match &self.watch_namespace {
+            None => true,
+            Some(list) => list.split(',').map(str::trim).any(|ns| ns == namespace),
+        }
+    }
+
     /// Settings for tests: an inline executor watching one namespace, no GC loop.
     pub fn inline(store_url: &str, namespace: &str) -> Self {
         OperatorConfig {
@@ -69,6 +93,7 @@ impl OperatorConfig {
             gc_dry_run: false,
             gc_grace: Duration::from_secs(3600),
             source_policy: SourcePolicy::for_store(store_url, None),
+            attestation_secret: DEFAULT_ATTESTATION_SECRET.into(),
         }
     }
 }

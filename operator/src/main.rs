@@ -155,6 +155,10 @@ struct RunArgs {
     /// How often to look for versions pushed with `sealed push --volume`
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     upload_poll: Duration,
+    /// Secret (in the operator's namespace) with the key that attests the versions the
+    /// operator makes; created on first start. The node plugins read it.
+    #[arg(long, env = "SEALED_ATTESTATION_SECRET", default_value = sealed_operator::config::DEFAULT_ATTESTATION_SECRET)]
+    attestation_secret: String,
 }
 
 #[derive(Args)]
@@ -266,6 +270,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         gc_dry_run: args.gc_dry_run,
         gc_grace: args.gc_grace,
         source_policy,
+        attestation_secret: args.attestation_secret,
     };
     let client = kube::Client::try_default()
         .await
