@@ -141,6 +141,18 @@ pub enum Error {
     },
 
     #[error(
+        "store {store}: the writer lease {id} ({purpose}) was taken away (deleted or rewritten by \
+         someone else, e.g. a garbage collection whose clock runs ahead), so chunks this writer \
+         reused may have been swept; if a version was sealed, check it with `sealed verify` and \
+         run the operation again"
+    )]
+    LeaseLost {
+        store: String,
+        id: String,
+        purpose: String,
+    },
+
+    #[error(
         "store {store}: garbage collection stopped before {what}: its gc/running marker could not \
          be renewed in time, so writers may have resumed; nothing more was deleted, run it again"
     )]

@@ -24,8 +24,8 @@ use object_store::{ObjectMeta, PutMode, PutOptions, PutPayload, UpdateVersion};
 use crate::digest::Digest;
 use crate::error::{Error, Result};
 use crate::lease::{
-    DEFAULT_LEASE_TTL, GC_MARKER_KEY, GcMarker, Keepalive, LeaseRecord, chrono_duration,
-    delete_quietly, hostname, list_leases, random_id,
+    DEFAULT_LEASE_TTL, GC_MARKER_KEY, GcMarker, Keepalive, LeaseRecord, StoreClock, delete_quietly, hostname,
+    list_leases, random_id,
 };
 use crate::manifest::Manifest;
 use crate::store::ChunkStore;
@@ -105,27 +105,30 @@ pub async fn collect(store: &ChunkStore, opts: &GcOptions) -> Result<GcReport> {
         dry_run: opts.dry_run,
         ..Default::default()
     };
+    // Every expiry and the grace cutoff are judged by the store's clock: this host's may be
+    // minutes off, and a collector running ahead must not find live leases expired.
+    let clock = StoreClock::read(store).await?;
     if opts.dry_run {
-        let start = opts.now.unwrap_or_else(Utc::now);
+        let start = opts.now.unwrap_or_else(|| clock.now());
         report.started_at = Some(start);
-        report.active_writers = live_leases(store).await?.0;
+        report.active_writers = live_leases(store, &clock).await?.0;
         run(store, opts, start, None, &mut report).await?;
         return Ok(report);
     }
 
     // Writers first: wait for those in flight without holding the marker, so nobody new is
     // held up meanwhile.
-    if !wait_for_writers(store, opts.writer_wait, &mut report).await? {
+    if !wait_for_writers(store, &clock, opts.writer_wait, &mut report).await? {
         return Ok(report);
     }
-    let mut marker = Marker::take(store, opts.marker_ttl).await?;
-    let start = opts.now.unwrap_or(marker.record.started_at);
+    let mut marker = Marker::take(store, &clock, opts.marker_ttl).await?;
+    let start = opts.now.unwrap_or_else(|| clock.now());
     report.started_at = Some(start);
     let result = async {
         // With the marker down, look again: a writer whose lease landed before the marker is
         // seen here (and one whose lease lands after it sees the marker and waits). Defer to
         // it rather than hold it up.
-        if !wait_for_writers(store, Duration::ZERO, &mut report).await? {
+        if !wait_for_writers(store, &clock, Duration::ZERO, &mut report).await? {
             return Ok(());
         }
         run(store, opts, start, Some(&marker), &mut report).await
@@ -144,9 +147,12 @@ pub async fn collect(store: &ChunkStore, opts: &GcOptions) -> Result<GcReport> {
     Ok(report)
 }
 
-/// Unexpired leases, and the expired ones.
-async fn live_leases(store: &ChunkStore) -> Result<(Vec<LeaseRecord>, Vec<LeaseRecord>)> {
-    let now = Utc::now();
+/// Unexpired leases, and the expired ones, by the store's clock.
+async fn live_leases(
+    store: &ChunkStore,
+    clock: &StoreClock,
+) -> Result<(Vec<LeaseRecord>, Vec<LeaseRecord>)> {
+    let now = clock.now();
     Ok(list_leases(store)
         .await?
         .into_iter()
@@ -157,13 +163,14 @@ async fn live_leases(store: &ChunkStore) -> Result<(Vec<LeaseRecord>, Vec<LeaseR
 /// when writers (running or waiting for a collection) are still there.
 async fn wait_for_writers(
     store: &ChunkStore,
+    clock: &StoreClock,
     wait: Duration,
     report: &mut GcReport,
 ) -> Result<bool> {
     let waiting_since = Instant::now();
     let mut backoff = Duration::from_millis(50);
     loop {
-        let (live, expired) = live_leases(store).await?;
+        let (live, expired) = live_leases(store, clock).await?;
         if live.is_empty() {
             // Leases of crashed writers: their holders can no longer seal anything.
             for lease in &expired {
@@ -363,10 +370,11 @@ struct Marker {
     store: ChunkStore,
     record: GcMarker,
     keepalive: Keepalive,
+    ttl: Duration,
 }
 
 impl Marker {
-    async fn take(store: &ChunkStore, ttl: Duration) -> Result<Marker> {
+    async fn take(store: &ChunkStore, clock: &StoreClock, ttl: Duration) -> Result<Marker> {
         let ttl = ttl.max(Duration::from_millis(300));
         let key = ObjectPath::from(GC_MARKER_KEY);
         let id = random_id();
@@ -381,6 +389,7 @@ impl Marker {
                 pid,
                 started_at: now,
                 expires_at: crate::limits::later(now, ttl, "garbage-collection marker TTL")?,
+                ttl_secs: Some(ttl.as_secs().max(1)),
             };
             let body = serde_json::to_vec(&record)
                 .map_err(|e| Error::Other(format!("{GC_MARKER_KEY}: {e}")))?;
@@ -393,33 +402,35 @@ impl Marker {
                 .put_opts(&key, PutPayload::from(body.clone()), create)
                 .await
             {
-                Ok(_) => true,
+                Ok(put) => Some(put.e_tag),
                 Err(object_store::Error::AlreadyExists { .. }) => {
-                    Self::take_over(store, &key, &body).await?
+                    Self::take_over(store, clock, &key, &body).await?
                 }
                 // No conditional create on this server: check, then write.
                 Err(object_store::Error::NotImplemented) => {
                     if let Some(existing) = crate::lease::read_gc_marker(store).await?
-                        && existing.expires_at > Utc::now()
+                        && existing.expires_at > clock.now()
                     {
                         return Err(busy(store, existing));
                     }
-                    store
+                    let put = store
                         .object_store()
                         .put(&key, PutPayload::from(body))
                         .await
                         .map_err(|e| store.backend(e))?;
-                    true
+                    Some(put.e_tag)
                 }
                 Err(e) => return Err(store.backend(e)),
             };
-            if taken {
-                let keepalive = Keepalive::start(store, key, record.clone(), ttl, written_at);
+            if let Some(etag) = taken {
+                let keepalive =
+                    Keepalive::start(store, key, record.clone(), ttl, written_at, etag);
                 tracing::info!(marker = %id, "garbage collection started");
                 return Ok(Marker {
                     store: store.clone(),
                     record,
                     keepalive,
+                    ttl,
                 });
             }
         }
@@ -432,25 +443,22 @@ impl Marker {
 
     /// The marker exists: busy if it is live, else replace it. True when ours now; false to
     /// retry the create.
-    async fn take_over(store: &ChunkStore, key: &ObjectPath, body: &[u8]) -> Result<bool> {
-        let got = match store.object_store().get(key).await {
-            Ok(g) => g,
-            Err(object_store::Error::NotFound { .. }) => return Ok(false),
+    async fn take_over(
+        store: &ChunkStore,
+        clock: &StoreClock,
+        key: &ObjectPath,
+        body: &[u8],
+    ) -> Result<Option<Option<String>>> {
+        let meta = match store.object_store().head(key).await {
+            Ok(m) => m,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
             Err(e) => return Err(store.backend(e)),
         };
-        let meta = got.meta.clone();
-        let existing_body = got.bytes().await.map_err(|e| store.backend(e))?;
-        let existing = serde_json::from_slice::<GcMarker>(&existing_body).unwrap_or(GcMarker {
-            id: String::new(),
-            host: "<unreadable marker>".into(),
-            pid: 0,
-            started_at: meta.last_modified,
-            expires_at: meta
-                .last_modified
-                .checked_add_signed(chrono_duration(DEFAULT_LEASE_TTL))
-                .unwrap_or(DateTime::<Utc>::MAX_UTC),
-        });
-        if existing.expires_at > Utc::now() {
+        // Its expiry by the store's clock (read_gc_marker judges it so).
+        let Some(existing) = crate::lease::read_gc_marker(store).await? else {
+            return Ok(None);
+        };
+        if existing.expires_at > clock.now() {
             return Err(busy(store, existing));
         }
         tracing::warn!(
@@ -470,12 +478,12 @@ impl Marker {
             .put_opts(key, PutPayload::from(body.to_vec()), update)
             .await
         {
-            Ok(_) => Ok(true),
+            Ok(put) => Ok(Some(put.e_tag)),
             // Someone else replaced it first.
             Err(object_store::Error::Precondition { .. }) => {
                 match crate::lease::read_gc_marker(store).await? {
                     Some(m) => Err(busy(store, m)),
-                    None => Ok(false),
+                    None => Ok(None),
                 }
             }
             // No conditional update (a local directory): delete it if it is still the stale
@@ -491,15 +499,19 @@ impl Marker {
                     Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
                     Err(e) => return Err(store.backend(e)),
                 }
-                Ok(false)
+                Ok(None)
             }
             Err(e) => Err(store.backend(e)),
         }
     }
 
-    /// Ok while the marker is known to be unexpired: only then may anything be deleted.
+    /// Ok while the marker is known to stay unexpired for longer than one batch of store
+    /// requests can take (the store's request bound, at most a quarter of the TTL): only
+    /// then may anything be deleted, so no delete lands after a writer could see the marker
+    /// expired and start reusing chunks.
     fn fence(&self, store: &ChunkStore, what: &str) -> Result<()> {
-        if self.keepalive.is_live() {
+        let margin = store.request_bound().min(self.ttl / 4);
+        if self.keepalive.is_live_for(margin) {
             return Ok(());
         }
         Err(Error::GcMarkerLapsed {

@@ -67,6 +67,10 @@ pub struct LeaseRecord {
     /// Set while the writer waits for a running collection; it has read nothing yet.
     #[serde(default)]
     pub waiting: bool,
+    /// The lease's lifetime after each write. Others judge expiry by the store's clock:
+    /// the object's last-modified time plus this (see [`list_leases`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_secs: Option<u64>,
 }
 
 /// The collector's marker body (`gc/running`).
@@ -77,6 +81,9 @@ pub struct GcMarker {
     pub pid: u32,
     pub started_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
+    /// The marker's lifetime after each write; expiry is judged by the store's clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_secs: Option<u64>,
 }
 
 /// A writer's claim on the store: while it is held, no garbage collection starts.
@@ -95,6 +102,9 @@ struct Shared {
     /// Local (monotonic) time until which the lease object is known to be unexpired.
     confirmed_until: Mutex<Instant>,
     lapsed: AtomicBool,
+    /// The ETag of our last write of the object; held across each write and each check,
+    /// so a check never compares against a write still in flight.
+    etag: tokio::sync::Mutex<Option<String>>,
 }
 
 impl Shared {
@@ -149,20 +159,32 @@ impl WriterLease {
                 acquired_at: now,
                 expires_at: now + chrono_duration(ttl),
                 waiting: false,
+                ttl_secs: Some(ttl.as_secs().max(1)),
             };
-            write_json(store, &key, &record).await?;
-            // 2. … then the collector's marker.
-            let marker = match read_gc_marker(store).await {
+            let etag = write_json(store, &key, &record).await?;
+            // 2. … then the collector's marker, judged by the store's clock: ours just
+            //    landed, so its last-modified time is the store's "now" (our own clock may
+            //    be minutes off; the collector's too).
+            let checked = async {
+                let store_now = store
+                    .object_store()
+                    .head(&key)
+                    .await
+                    .map_err(|e| store.backend(e))?
+                    .last_modified;
+                Ok::<_, Error>((read_gc_marker(store).await?, store_now))
+            };
+            let (marker, store_now) = match checked.await {
                 Ok(m) => m,
                 Err(e) => {
                     delete_quietly(store, &key).await;
                     return Err(e);
                 }
             };
-            let live_marker = marker.filter(|m| m.expires_at > Utc::now());
+            let live_marker = marker.filter(|m| m.expires_at > store_now);
             let Some(marker) = live_marker else {
                 let keepalive =
-                    Keepalive::start(store, key.clone(), record.clone(), ttl, write_start);
+                    Keepalive::start(store, key.clone(), record.clone(), ttl, write_start, etag);
                 pending.armed = false;
                 tracing::debug!(lease = %id, purpose, "writer lease acquired");
                 return Ok(WriterLease {
@@ -197,7 +219,7 @@ impl WriterLease {
                 waiting: true,
                 ..record
             };
-            if let Err(e) = write_json(store, &key, &waiting).await {
+            if let Err(e) = write_json(store, &key, &waiting).await.map(drop) {
                 delete_quietly(store, &key).await;
                 return Err(e);
             }
@@ -227,6 +249,24 @@ impl WriterLease {
             return Ok(());
         }
         Err(Error::LeaseLapsed {
+            store: self.store.name().to_owned(),
+            id: self.record.id.clone(),
+            purpose: self.record.purpose.clone(),
+        })
+    }
+
+    /// [`ensure_live`](Self::ensure_live), and also that the lease object in the store is
+    /// still the one this writer last wrote (same ETag): a collector that judged it expired
+    /// (a clock far ahead, a bug) and deleted it may be sweeping the chunks this writer
+    /// reuses. Call it before writing a manifest, and after (a lease lost in between means
+    /// the manifest may name swept chunks: the writer must say so, not report success).
+    pub async fn confirm(&self) -> Result<()> {
+        self.ensure_live()?;
+        if self.keepalive.confirm(&self.store).await? {
+            return Ok(());
+        }
+        self.keepalive.shared.lapsed.store(true, Ordering::SeqCst);
+        Err(Error::LeaseLost {
             store: self.store.name().to_owned(),
             id: self.record.id.clone(),
             purpose: self.record.purpose.clone(),
@@ -314,6 +354,7 @@ impl Renewable for GcMarker {
 pub(crate) struct Keepalive {
     shared: Arc<Shared>,
     task: Option<tokio::task::JoinHandle<()>>,
+    key: ObjectPath,
 }
 
 impl Keepalive {
@@ -325,15 +366,47 @@ impl Keepalive {
         record: T,
         ttl: Duration,
         written_at: Instant,
+        etag: Option<String>,
     ) -> Self {
         let shared = Arc::new(Shared {
             confirmed_until: Mutex::new(written_at + ttl - skew_margin(ttl)),
             lapsed: AtomicBool::new(false),
+            etag: tokio::sync::Mutex::new(etag),
         });
-        let task = tokio::spawn(renew_loop(store.clone(), key, record, ttl, shared.clone()));
+        let task = tokio::spawn(renew_loop(
+            store.clone(),
+            key.clone(),
+            record,
+            ttl,
+            shared.clone(),
+        ));
         Keepalive {
             shared,
             task: Some(task),
+            key,
+        }
+    }
+
+    /// Whether the object in the store is still our last write (by ETag; a store that
+    /// gives no ETags is judged by the object's presence).
+    pub(crate) async fn confirm(&self, store: &ChunkStore) -> Result<bool> {
+        let ours = self.shared.etag.lock().await;
+        match store.object_store().head(&self.key).await {
+            Ok(meta) => Ok(match (&*ours, &meta.e_tag) {
+                (Some(a), Some(b)) => a == b,
+                _ => true,
+            }),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(store.backend(e)),
+        }
+    }
+
+    /// True while the object is known to stay unexpired for at least `margin` more.
+    pub(crate) fn is_live_for(&self, margin: Duration) -> bool {
+        match self.shared.live_until() {
+            Some(until) if Instant::now() + margin < until => true,
+            Some(_) => false,
+            None => false,
         }
     }
 
@@ -392,7 +465,13 @@ async fn renew_loop<T: Renewable>(
             return;
         }
         record.renew(Utc::now() + chrono_duration(ttl));
-        match write_json(&store, &key, &record).await {
+        let mut etag = shared.etag.lock().await;
+        let written = write_json(&store, &key, &record).await;
+        if let Ok(tag) = &written {
+            *etag = tag.clone();
+        }
+        drop(etag);
+        match written.map(drop) {
             // Continuity: the renewal landed before the previous expiry.
             Ok(()) if Instant::now() < deadline => {
                 if let Ok(mut until) = shared.confirmed_until.lock() {
@@ -427,7 +506,7 @@ pub async fn list_leases(store: &ChunkStore) -> Result<Vec<LeaseRecord>> {
             Err(object_store::Error::NotFound { .. }) => continue,
             Err(e) => return Err(store.backend(e)),
         };
-        let record = serde_json::from_slice::<LeaseRecord>(&body).unwrap_or_else(|_| {
+        let mut record = serde_json::from_slice::<LeaseRecord>(&body).unwrap_or_else(|_| {
             // Unreadable: assume a writer is behind it until the default TTL after it was
             // last written.
             LeaseRecord {
@@ -436,10 +515,14 @@ pub async fn list_leases(store: &ChunkStore) -> Result<Vec<LeaseRecord>> {
                 host: String::new(),
                 pid: 0,
                 acquired_at: meta.last_modified,
-                expires_at: meta.last_modified + chrono_duration(DEFAULT_LEASE_TTL),
+                expires_at: meta.last_modified,
                 waiting: false,
+                ttl_secs: None,
             }
         });
+        // Expiry by the store's clock: last written + TTL. The writer's own `expires_at` is
+        // by its clock, which may be minutes off ours.
+        record.expires_at = store_expiry(meta.last_modified, record.ttl_secs);
         out.push(record);
     }
     Ok(out)
@@ -457,29 +540,70 @@ pub async fn read_gc_marker(store: &ChunkStore) -> Result<Option<GcMarker>> {
     let body = got.bytes().await.map_err(|e| store.backend(e))?;
     // An unreadable marker still means "a collector is running": keep out of its way until it
     // would have expired.
-    Ok(Some(serde_json::from_slice(&body).unwrap_or_else(|_| {
-        GcMarker {
-            id: String::new(),
-            host: "<unreadable marker>".into(),
-            pid: 0,
-            started_at: last_modified,
-            expires_at: last_modified + chrono_duration(DEFAULT_LEASE_TTL),
-        }
-    })))
+    let mut marker = serde_json::from_slice::<GcMarker>(&body).unwrap_or_else(|_| GcMarker {
+        id: String::new(),
+        host: "<unreadable marker>".into(),
+        pid: 0,
+        started_at: last_modified,
+        expires_at: last_modified,
+        ttl_secs: None,
+    });
+    // Expiry by the store's clock, as for leases.
+    marker.expires_at = store_expiry(last_modified, marker.ttl_secs);
+    Ok(Some(marker))
 }
 
+/// When an object last written at `last_modified` (the store's clock) with a lifetime of
+/// `ttl_secs` (the default lease TTL when unknown) expires, by the store's clock.
+fn store_expiry(last_modified: DateTime<Utc>, ttl_secs: Option<u64>) -> DateTime<Utc> {
+    let ttl = ttl_secs.map_or(DEFAULT_LEASE_TTL, Duration::from_secs);
+    last_modified
+        .checked_add_signed(chrono_duration(ttl))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+/// The store's clock, read once (write a probe object, read its last-modified time) and
+/// advanced by our monotonic clock: how the collector judges expiry and grace without
+/// trusting its own wall clock.
+pub(crate) struct StoreClock {
+    at: DateTime<Utc>,
+    read: Instant,
+}
+
+impl StoreClock {
+    pub(crate) async fn read(store: &ChunkStore) -> Result<StoreClock> {
+        let key = ObjectPath::from(format!("gc/clock-{}", random_id()));
+        let read = Instant::now();
+        write_json(store, &key, &serde_json::json!({ "probe": true })).await?;
+        let meta = store.object_store().head(&key).await;
+        delete_quietly(store, &key).await;
+        let meta = meta.map_err(|e| store.backend(e))?;
+        Ok(StoreClock {
+            at: meta.last_modified,
+            read,
+        })
+    }
+
+    pub(crate) fn now(&self) -> DateTime<Utc> {
+        self.at
+            .checked_add_signed(chrono_duration(self.read.elapsed()))
+            .unwrap_or(DateTime::<Utc>::MAX_UTC)
+    }
+}
+
+/// Writes `value` as JSON at `key`; returns the new object's ETag (when the store gives one).
 pub(crate) async fn write_json<T: serde::Serialize>(
     store: &ChunkStore,
     key: &ObjectPath,
     value: &T,
-) -> Result<()> {
+) -> Result<Option<String>> {
     let body = serde_json::to_vec(value).map_err(|e| Error::Other(format!("{key}: {e}")))?;
-    store
+    let put = store
         .object_store()
         .put(key, PutPayload::from(body))
         .await
         .map_err(|e| store.backend(e))?;
-    Ok(())
+    Ok(put.e_tag)
 }
 
 pub(crate) async fn delete_quietly(store: &ChunkStore, key: &ObjectPath) {

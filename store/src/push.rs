@@ -144,9 +144,14 @@ pub(crate) async fn seal_manifest(
     let (manifest_bytes, digest) = manifest.seal()?;
     store.sync().await?;
     let manifest_len = manifest_bytes.len() as u64;
-    lease.ensure_live()?;
+    // The lease must still be ours, in the store too: a collector that took it for expired
+    // may be sweeping the chunks this manifest reuses.
+    lease.confirm().await?;
     let record_of = volume.map(|v| (v, manifest_bytes.clone()));
     store.put_manifest(manifest_bytes).await?;
+    // And still ours after: lost in between, the manifest may name swept chunks. Say so
+    // (the error names `sealed verify`) rather than report success.
+    lease.confirm().await?;
     if let Some((volume, bytes)) = record_of {
         store.put_volume_record(volume, &bytes).await?;
     }

@@ -62,6 +62,9 @@ pub struct ChunkStore {
     name: String,
     /// For `file://` stores: the directory, so writes can be made durable with syncfs.
     local_root: Option<PathBuf>,
+    /// How long one request may take with its retries; the collector keeps this much of its
+    /// marker's window in hand before each delete batch.
+    request_bound: Duration,
 }
 
 /// A pushed-version record under `volumes/`.
@@ -98,6 +101,7 @@ impl ChunkStore {
             inner: Arc::new(InMemory::new()),
             name: "memory://".into(),
             local_root: None,
+            request_bound: Duration::from_secs(30),
         }
     }
 
@@ -107,6 +111,7 @@ impl ChunkStore {
             inner,
             name: name.into(),
             local_root: None,
+            request_bound: Duration::from_secs(30),
         }
     }
 
@@ -246,6 +251,9 @@ impl ChunkStore {
             inner,
             name: url.into(),
             local_root,
+            request_bound: opts
+                .timeout
+                .saturating_mul(u32::try_from(opts.retries).unwrap_or(u32::MAX).saturating_add(1)),
         })
     }
 
@@ -266,6 +274,11 @@ impl ChunkStore {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// How long one request may take, retries included (timeout × (retries + 1)).
+    pub fn request_bound(&self) -> Duration {
+        self.request_bound
     }
 
     /// The backend, for tools that need raw access (tests corrupt chunks through it).

@@ -174,7 +174,7 @@ async fn restore_leased(
     }
     Manifest::parse(&bytes)?;
     // While the lease holds no collection runs, so every chunk the trash kept is still there.
-    lease.ensure_live()?;
+    lease.confirm().await?;
     store.put_manifest(bytes.to_vec()).await?;
     store.sync().await?;
     // Record first, bytes second: a crash in between leaves only an unlisted copy that keeps
