@@ -508,18 +508,21 @@ fn rbac_is_least_privilege() -> Result<()> {
         expect(OPERATOR, "jobs", &[]);
         expect(OPERATOR, "pods", &[]);
         expect(OPERATOR, "leases", &[]);
-        // Jobs, their pods, and the leader Lease only in the release namespace.
+        // Jobs, their pods, the leader Lease and the nodes' publication Leases (read) only in
+        // the release namespace.
         expect(
             OPERATOR_NS,
             "jobs",
             &["create", "get", "list", "watch", "delete"],
         );
         expect(OPERATOR_NS, "pods", &["get", "list", "watch"]);
-        expect(OPERATOR_NS, "leases", &["get", "create", "update", "patch"]);
-        match executor {
-            "job" => expect(OPERATOR_NS, "secrets", &["create"]),
-            _ => expect(OPERATOR_NS, "secrets", &[]),
-        }
+        expect(
+            OPERATOR_NS,
+            "leases",
+            &["get", "list", "watch", "create", "update", "patch"],
+        );
+        // The attestation key (made on first start), and with Jobs their credentials copies.
+        expect(OPERATOR_NS, "secrets", &["create"]);
         // The node plugin (docs/csi.md): exactly what kube_access.rs calls.
         expect(NODE, "nodes", &["get"]);
         expect(NODE, "sealedvolumeversions", &["list"]);
@@ -547,11 +550,23 @@ fn rbac_is_least_privilege() -> Result<()> {
         );
         assert_eq!(names_of(NODE, "csidrivers"), ["csi.sealedvolumes.io"]);
     }
-    // Without leader election there is no Lease access beyond the node plugins' own Leases.
+    // Without leader election the operator only reads Leases (the nodes' publications) and
+    // writes none; nothing else touches Leases beyond the node plugins' own.
     let rules = rules(&render(&helm, &["operator.leaderElect=false"])?)?;
+    let operator_leases = grants(
+        &rules
+            .iter()
+            .filter(|(name, _)| name == OPERATOR_NS)
+            .cloned()
+            .collect::<Vec<_>>(),
+        "",
+        "leases",
+    );
+    let want: BTreeSet<String> = ["get", "list", "watch"].map(String::from).into();
+    assert_eq!(operator_leases, want);
     let others: Vec<(String, PolicyRule)> = rules
         .into_iter()
-        .filter(|(name, _)| name != NODE_NS)
+        .filter(|(name, _)| name != NODE_NS && name != OPERATOR_NS)
         .collect();
     assert!(grants(&others, "", "leases").is_empty());
     Ok(())
