@@ -39,7 +39,15 @@ fn data(len: usize, seed: u8) -> Vec<u8> {
 /// `sealed gc` in another process whose clock is `offset` ahead.
 fn skewed_gc(lib: &Path, store: &str, offset: &str) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_sealed"))
-        .args(["gc", "--grace", "0s", "--writer-wait", "0s", "--store", store])
+        .args([
+            "gc",
+            "--grace",
+            "0s",
+            "--writer-wait",
+            "0s",
+            "--store",
+            store,
+        ])
         .env("LD_PRELOAD", lib)
         .env("FAKETIME", offset)
         // Only the wall clock moves; the monotonic clock the renewals use does not.
@@ -94,10 +102,15 @@ async fn a_collector_whose_clock_runs_ahead_defers_to_a_live_writer() {
     let tree = tempfile::tempdir().expect("tempdir");
     let weights = data(12 << 20, 7);
     std::fs::write(tree.path().join("weights.bin"), &weights).expect("write");
-    let old = push(&store, tree.path(), &PushOptions::default(), Arc::new(NoProgress))
-        .await
-        .expect("push")
-        .digest;
+    let old = push(
+        &store,
+        tree.path(),
+        &PushOptions::default(),
+        Arc::new(NoProgress),
+    )
+    .await
+    .expect("push")
+    .digest;
     std::fs::remove_file(dir.path().join("store/manifests").join(old.hex()))
         .expect("remove the old manifest");
 
@@ -151,7 +164,10 @@ async fn a_collector_whose_clock_runs_ahead_defers_to_a_live_writer() {
         }
         Err(e) => {
             let e = e.to_string();
-            assert!(e.contains("lease"), "the seal failed, but not for its lease: {e}");
+            assert!(
+                e.contains("lease"),
+                "the seal failed, but not for its lease: {e}"
+            );
         }
     }
 }
@@ -176,7 +192,12 @@ async fn a_writer_whose_lease_was_taken_away_seals_nothing() {
         .expect("ingest");
     let bytes = data(3 << 20, 9);
     ingest
-        .add_file("a.bin", false, Some(bytes.len() as u64), std::io::Cursor::new(bytes))
+        .add_file(
+            "a.bin",
+            false,
+            Some(bytes.len() as u64),
+            std::io::Cursor::new(bytes),
+        )
         .await
         .expect("add");
     let leases = dir.path().join("store/leases");

@@ -24,8 +24,8 @@ use object_store::{ObjectMeta, PutMode, PutOptions, PutPayload, UpdateVersion};
 use crate::digest::Digest;
 use crate::error::{Error, Result};
 use crate::lease::{
-    DEFAULT_LEASE_TTL, GC_MARKER_KEY, GcMarker, Keepalive, LeaseRecord, StoreClock, delete_quietly, hostname,
-    list_leases, random_id,
+    DEFAULT_LEASE_TTL, GC_MARKER_KEY, GcMarker, Keepalive, LeaseRecord, StoreClock, delete_quietly,
+    hostname, list_leases, random_id,
 };
 use crate::manifest::Manifest;
 use crate::store::ChunkStore;
@@ -423,8 +423,7 @@ impl Marker {
                 Err(e) => return Err(store.backend(e)),
             };
             if let Some(etag) = taken {
-                let keepalive =
-                    Keepalive::start(store, key, record.clone(), ttl, written_at, etag);
+                let keepalive = Keepalive::start(store, key, record.clone(), ttl, written_at, etag);
                 tracing::info!(marker = %id, "garbage collection started");
                 return Ok(Marker {
                     store: store.clone(),

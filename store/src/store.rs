@@ -251,9 +251,11 @@ impl ChunkStore {
             inner,
             name: url.into(),
             local_root,
-            request_bound: opts
-                .timeout
-                .saturating_mul(u32::try_from(opts.retries).unwrap_or(u32::MAX).saturating_add(1)),
+            request_bound: opts.timeout.saturating_mul(
+                u32::try_from(opts.retries)
+                    .unwrap_or(u32::MAX)
+                    .saturating_add(1),
+            ),
         })
     }
 
