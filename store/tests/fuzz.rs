@@ -21,7 +21,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
 use proptest::prelude::*;
-use sealed_store::manifest::{MAX_LINK_HOPS, validate_symlink_target};
+use sealed_store::manifest::{MAX_LINK_HOPS, resolve_symlinks, validate_symlink_target};
 use sealed_store::{ChunkParams, ChunkRef, Digest, Entry, EntryKind, FileEntry, Manifest};
 
 // ---------------------------------------------------------------------------------------
@@ -150,6 +150,19 @@ fn reference(tree: &BTreeMap<String, Kind>, link: &str) -> Outcome {
     Outcome::Inside
 }
 
+/// `tree` without the links [`Manifest::validate`] refuses: lexically bad ones first, then
+/// those [`resolve_symlinks`] names, one at a time (removing one can make others fine).
+fn accepted_part(mut tree: BTreeMap<String, Kind>) -> BTreeMap<String, Kind> {
+    tree.retain(|p, k| match k {
+        Kind::Link(t) => validate_symlink_target(p, t).is_ok(),
+        _ => true,
+    });
+    while let Err(e) = resolve_symlinks(&to_manifest(&tree).entries) {
+        assert!(tree.remove(&e.link).is_some(), "{e} names no entry");
+    }
+    tree
+}
+
 /// Writes the tree under `root` (files empty, links as links).
 fn materialise(root: &Path, tree: &BTreeMap<String, Kind>) {
     for (path, kind) in tree {
@@ -218,8 +231,11 @@ proptest! {
 
     #[test]
     fn the_kernel_never_resolves_an_accepted_link_out_of_the_tree(tree in arb_tree()) {
+        // Make the tree acceptable by dropping the links refused (one at a time, as named by
+        // the error), so that every case tests something.
+        let tree = accepted_part(tree);
         let m = to_manifest(&tree);
-        prop_assume!(m.validate().is_ok());
+        prop_assert!(m.validate().is_ok());
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().join("root");
         std::fs::create_dir(&root).unwrap();
