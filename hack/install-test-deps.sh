@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests need beyond the Rust toolchain, from the package registries only:
-#   Debian: curl, fuse3 (fusermount for unprivileged users), util-linux (setpriv)
+#   Debian: curl, fuse3 (fusermount for unprivileged users), util-linux (setpriv),
+#           faketime (libfaketime: a garbage collector whose clock runs ahead, cli/tests/gc_skew.rs)
 #   PyPI:   moto's S3-compatible server          (moto_server)
 #   npm:    Azurite, the Azure Blob emulator     (azurite-blob)
 # Idempotent: installed tools are left alone.
@@ -9,7 +10,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 
 if [[ $(id -u) -eq 0 ]]; then
-  apt_ensure curl fuse3 util-linux python3-pip
+  apt_ensure curl fuse3 util-linux python3-pip faketime
 fi
 
 if ! command -v moto_server >/dev/null; then
