@@ -193,18 +193,26 @@ pub(super) async fn tenant(j: &Journey, v1: &Digest) -> Result<()> {
         );
         say(format!("{what}: refused, {reason}: {message}"));
     }
+    // What the attacker can read back: Events and status (the spec is its own writing). No
+    // secret it named, nor the store's URL, is in there.
     let text = all_event_text(&client, a).await?;
-    let conditions = serde_json::to_string(&volumes.list(&ListParams::default()).await?.items)?;
+    let statuses: Vec<_> = volumes
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|v| v.status)
+        .collect();
+    let statuses = serde_json::to_string(&statuses)?;
+    let store_url = format!("s3://{STORE_BUCKET}/{}", super::STORE_PREFIX);
     for secret in [
         "hunter2-pass",
         "attacker-secret-0001",
         "victim-secret-0002",
-        STORE_BUCKET,
+        store_url.as_str(),
     ] {
         ensure!(
-            !text.contains(secret)
-                && !conditions.contains(&format!("{secret}\""))
-                && !conditions.contains(&format!("{secret}@")),
+            !text.contains(secret) && !statuses.contains(secret),
             "{secret:?} appears in the attacker's Events or status"
         );
     }
