@@ -9,9 +9,9 @@
 //! (a Secret in the operator's namespace). A tenant can neither compute it nor reuse one from
 //! another namespace, since the namespace is part of what it covers.
 //!
-//! Format: `v1:<64 hex>`, the MAC of
-//! `"sealedvolumes.io/attestation/v1\0" namespace "\0" volume "\0" digest` under the key
-//! `blake3::derive_key("sealedvolumes.io attestation key v1", secret bytes)`.
+//! Format: `v1:<64 hex>`, the MAC of `"sealedvolumes.io/attestation/v1\0"` followed by
+//! namespace, volume and digest, each as its length (u64, little-endian) then its bytes,
+//! under the key `blake3::derive_key("sealedvolumes.io attestation key v1", secret bytes)`.
 
 /// The Secret key (in the attestation Secret) that holds the key material.
 pub const SECRET_KEY: &str = "key";
@@ -57,11 +57,11 @@ impl AttestationKey {
     fn mac(&self, namespace: &str, volume: &str, digest: &str) -> blake3::Hash {
         let mut h = blake3::Hasher::new_keyed(&self.0);
         h.update(MESSAGE_PREFIX);
-        h.update(namespace.as_bytes());
-        h.update(b"\0");
-        h.update(volume.as_bytes());
-        h.update(b"\0");
-        h.update(digest.as_bytes());
+        // Each field length-prefixed, so no two (namespace, volume, digest) give one message.
+        for field in [namespace, volume, digest] {
+            h.update(&(field.len() as u64).to_le_bytes());
+            h.update(field.as_bytes());
+        }
         h.finalize()
     }
 
