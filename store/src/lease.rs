@@ -515,14 +515,17 @@ pub async fn list_leases(store: &ChunkStore) -> Result<Vec<LeaseRecord>> {
                 host: String::new(),
                 pid: 0,
                 acquired_at: meta.last_modified,
-                expires_at: meta.last_modified,
+                expires_at: store_expiry(meta.last_modified, Some(DEFAULT_LEASE_TTL.as_secs())),
                 waiting: false,
                 ttl_secs: None,
             }
         });
         // Expiry by the store's clock: last written + TTL. The writer's own `expires_at` is
-        // by its clock, which may be minutes off ours.
-        record.expires_at = store_expiry(meta.last_modified, record.ttl_secs);
+        // by its clock, which may be minutes off ours (an older writer without `ttl_secs`
+        // keeps the expiry it wrote).
+        if record.ttl_secs.is_some() {
+            record.expires_at = store_expiry(meta.last_modified, record.ttl_secs);
+        }
         out.push(record);
     }
     Ok(out)
@@ -545,11 +548,14 @@ pub async fn read_gc_marker(store: &ChunkStore) -> Result<Option<GcMarker>> {
         host: "<unreadable marker>".into(),
         pid: 0,
         started_at: last_modified,
-        expires_at: last_modified,
+        expires_at: store_expiry(last_modified, Some(DEFAULT_LEASE_TTL.as_secs())),
         ttl_secs: None,
     });
-    // Expiry by the store's clock, as for leases.
-    marker.expires_at = store_expiry(last_modified, marker.ttl_secs);
+    // Expiry by the store's clock, as for leases (a marker of an older collector, without
+    // its TTL, keeps the expiry it wrote).
+    if marker.ttl_secs.is_some() {
+        marker.expires_at = store_expiry(last_modified, marker.ttl_secs);
+    }
     Ok(Some(marker))
 }
 
