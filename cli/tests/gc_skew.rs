@@ -36,6 +36,21 @@ fn data(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// A `file://` store under `dir/store`, made on first use: its URL and the opened store.
+async fn file_store(dir: &Path) -> (String, ChunkStore) {
+    let url = format!("file://{}", dir.join("store").display());
+    let store = ChunkStore::open(
+        &url,
+        &StoreOptions {
+            create: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("store");
+    (url, store)
+}
+
 /// `sealed gc` in another process whose clock is `offset` ahead.
 fn skewed_gc(lib: &Path, store: &str, offset: &str) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_sealed"))
@@ -67,16 +82,7 @@ async fn a_collector_whose_clock_runs_ahead_defers_to_a_live_writer() {
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");
-    let url = format!("file://{}", dir.path().join("store").display());
-    let store = ChunkStore::open(
-        &url,
-        &StoreOptions {
-            create: true,
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("store");
+    let (url, store) = file_store(dir.path()).await;
 
     // The faked clock is really ahead in that process.
     let date = Command::new("date")
@@ -177,16 +183,7 @@ async fn a_collector_whose_clock_runs_ahead_defers_to_a_live_writer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_whose_lease_was_taken_away_seals_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let url = format!("file://{}", dir.path().join("store").display());
-    let store = ChunkStore::open(
-        &url,
-        &StoreOptions {
-            create: true,
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("store");
+    let (_url, store) = file_store(dir.path()).await;
     let ingest = Ingest::new(&store, &IngestOptions::default(), Arc::new(NoProgress))
         .await
         .expect("ingest");
