@@ -172,6 +172,27 @@ pub enum Error {
         reason: String,
     },
 
+    #[error(
+        "store {store}: {what} is larger than it can legitimately be (more than {limit} bytes, \
+         at least {got_at_least} came); reading stopped there, the store is corrupt or hostile"
+    )]
+    ResponseTooLarge {
+        store: String,
+        what: String,
+        limit: u64,
+        got_at_least: u64,
+    },
+
+    #[error(
+        "store {store}: the listing of {prefix} has more than {limit} entries, more than this \
+         store can legitimately hold; listing stopped there, the store is corrupt or hostile"
+    )]
+    ListingTooLong {
+        store: String,
+        prefix: String,
+        limit: u64,
+    },
+
     #[error("{0}")]
     Other(String),
 }

@@ -21,6 +21,7 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectMeta, PutMode, PutOptions, PutPayload, UpdateVersion};
 
+use crate::bounded::{MAX_LISTED_OBJECTS, MAX_MANIFEST_BYTES, list_capped, read_capped};
 use crate::digest::Digest;
 use crate::error::{Error, Result};
 use crate::lease::{
@@ -273,7 +274,10 @@ async fn run(
     for digest in &trash_manifests {
         let key = trash_key(digest);
         let bytes = match store.object_store().get(&key).await {
-            Ok(r) => r.bytes().await.map_err(|e| store.backend(e))?,
+            Ok(r) => {
+                let what = format!("trashed manifest {key}");
+                read_capped(store, r, &what, MAX_MANIFEST_BYTES).await?
+            }
             Err(object_store::Error::NotFound { .. }) => continue,
             Err(e) => return Err(store.backend(e)),
         };
@@ -352,12 +356,7 @@ fn unreadable(store: &ChunkStore, key: &ObjectPath, e: Error) -> Error {
 }
 
 async fn list_prefix(store: &ChunkStore, prefix: &str) -> Result<Vec<ObjectMeta>> {
-    store
-        .object_store()
-        .list(Some(&ObjectPath::from(prefix)))
-        .try_collect()
-        .await
-        .map_err(|e| store.backend(e))
+    list_capped(store, prefix, MAX_LISTED_OBJECTS).await
 }
 
 /// A trash record; `None` when absent or unreadable (unreadable ones never expire).

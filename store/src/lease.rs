@@ -23,10 +23,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use futures::TryStreamExt;
 use object_store::PutPayload;
 use object_store::path::Path as ObjectPath;
 
+use crate::bounded::{MAX_LISTED_LEASES, MAX_RECORD_BYTES, list_capped, read_capped};
 use crate::error::{Error, Result};
 use crate::store::ChunkStore;
 
@@ -492,16 +492,12 @@ async fn renew_loop<T: Renewable>(
 /// A lease that does not parse is reported with `purpose = "<unreadable>"` and treated as live
 /// until its object is 2×TTL old, by the caller's choice.
 pub async fn list_leases(store: &ChunkStore) -> Result<Vec<LeaseRecord>> {
-    let metas: Vec<_> = store
-        .object_store()
-        .list(Some(&ObjectPath::from(LEASES_PREFIX)))
-        .try_collect()
-        .await
-        .map_err(|e| store.backend(e))?;
+    let metas = list_capped(store, LEASES_PREFIX, MAX_LISTED_LEASES).await?;
     let mut out = Vec::with_capacity(metas.len());
     for meta in metas {
+        let what = format!("writer lease {}", meta.location);
         let body = match store.object_store().get(&meta.location).await {
-            Ok(r) => r.bytes().await.map_err(|e| store.backend(e))?,
+            Ok(r) => read_capped(store, r, &what, MAX_RECORD_BYTES).await?,
             // Released between the listing and the read.
             Err(object_store::Error::NotFound { .. }) => continue,
             Err(e) => return Err(store.backend(e)),
@@ -540,7 +536,7 @@ pub async fn read_gc_marker(store: &ChunkStore) -> Result<Option<GcMarker>> {
         Err(e) => return Err(store.backend(e)),
     };
     let last_modified = got.meta.last_modified;
-    let body = got.bytes().await.map_err(|e| store.backend(e))?;
+    let body = read_capped(store, got, "the gc/running marker", MAX_RECORD_BYTES).await?;
     // An unreadable marker still means "a collector is running": keep out of its way until it
     // would have expired.
     let mut marker = serde_json::from_slice::<GcMarker>(&body).unwrap_or_else(|_| GcMarker {

@@ -4,11 +4,13 @@
 //! described by a [`Manifest`]; the BLAKE3 of the manifest's canonical bytes names the sealed
 //! version. [`ChunkStore`] keeps chunks and manifests in any `object_store` backend.
 
+pub mod bounded;
 pub mod chunker;
 pub mod diff;
 pub mod digest;
 pub mod error;
 pub mod gc;
+mod http_cap;
 pub mod ingest;
 pub mod lease;
 pub mod limits;

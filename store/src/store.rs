@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::TryStreamExt;
 use object_store::aws::AmazonS3Builder;
 use object_store::azure::MicrosoftAzureBuilder;
 use object_store::gcp::GoogleCloudStorageBuilder;
@@ -24,8 +23,10 @@ use object_store::{
 };
 use url::Url;
 
+use crate::bounded::{MAX_CHUNK_BYTES, MAX_LISTED_OBJECTS, MAX_MANIFEST_BYTES, MAX_RECORD_BYTES};
 use crate::digest::Digest;
 use crate::error::{Error, Result};
+use crate::http_cap::CappedConnector;
 use crate::manifest::Manifest;
 
 /// How to reach a store. Credentials come from the environment as each backend documents
@@ -124,6 +125,8 @@ impl ChunkStore {
     }
 
     fn connect(url: &str, opts: &StoreOptions) -> Result<Self> {
+        // Bad options are refused here, before they can overflow a retry timeout.
+        opts.validate()?;
         let bad = |reason: &str| Error::InvalidStoreUrl {
             url: url.into(),
             reason: reason.into(),
@@ -200,6 +203,7 @@ impl ChunkStore {
                 let mut b = b
                     .with_url(url)
                     .with_client_options(client)
+                    .with_http_connector(CappedConnector)
                     .with_retry(retry);
                 if let Some(endpoint) = &opts.endpoint {
                     b = b
@@ -221,6 +225,7 @@ impl ChunkStore {
                 let b = b
                     .with_url(url)
                     .with_client_options(client)
+                    .with_http_connector(CappedConnector)
                     .with_retry(retry);
                 (remote(Arc::new(b.build().map_err(backend_err)?)), None)
             }
@@ -234,6 +239,7 @@ impl ChunkStore {
                 let mut b = b
                     .with_url(url)
                     .with_client_options(client)
+                    .with_http_connector(CappedConnector)
                     .with_retry(retry);
                 if let Some(endpoint) = &opts.endpoint {
                     b = b.with_endpoint(endpoint.clone());
@@ -298,6 +304,16 @@ impl ChunkStore {
     }
 
     pub(crate) fn backend(&self, source: object_store::Error) -> Error {
+        // A response the HTTP layer cut off is the store's answer being too large, not a
+        // transient failure.
+        if let Some(cap) = crate::http_cap::cap_exceeded(&source) {
+            return Error::ResponseTooLarge {
+                store: self.name.clone(),
+                what: cap.what.clone(),
+                limit: cap.limit,
+                got_at_least: cap.got_at_least,
+            };
+        }
         Error::Backend {
             store: self.name.clone(),
             source,
@@ -323,9 +339,18 @@ impl ChunkStore {
 
     /// Fetches a chunk and verifies it against its digest: a corrupt chunk is an error,
     /// never bytes.
+    /// At most [`MAX_CHUNK_BYTES`] are read: a larger body is [`Error::ResponseTooLarge`].
     pub async fn get_chunk(&self, digest: &Digest) -> Result<Bytes> {
+        self.get_chunk_within(digest, MAX_CHUNK_BYTES).await
+    }
+
+    /// [`ChunkStore::get_chunk`], reading at most `limit` bytes.
+    async fn get_chunk_within(&self, digest: &Digest, limit: u64) -> Result<Bytes> {
         let data = match self.inner.get(&Self::chunk_key(digest)).await {
-            Ok(r) => r.bytes().await.map_err(|e| self.backend(e))?,
+            Ok(r) => {
+                let what = format!("chunk {digest}");
+                crate::bounded::read_capped(self, r, &what, limit).await?
+            }
             Err(object_store::Error::NotFound { .. }) => {
                 return Err(Error::MissingChunk {
                     digest: *digest,
@@ -402,10 +427,14 @@ impl ChunkStore {
         }
     }
 
-    /// The manifest's raw bytes, verified against the digest.
+    /// The manifest's raw bytes, verified against the digest. At most [`MAX_MANIFEST_BYTES`]
+    /// are read: a larger body is [`Error::ResponseTooLarge`].
     pub async fn get_manifest_bytes(&self, digest: &Digest) -> Result<Bytes> {
         let data = match self.inner.get(&Self::manifest_key(digest)).await {
-            Ok(r) => r.bytes().await.map_err(|e| self.backend(e))?,
+            Ok(r) => {
+                let what = format!("manifest {digest}");
+                crate::bounded::read_capped(self, r, &what, MAX_MANIFEST_BYTES).await?
+            }
             Err(object_store::Error::NotFound { .. }) => {
                 return Err(Error::UnknownVersion {
                     digest: *digest,
@@ -432,12 +461,7 @@ impl ChunkStore {
 
     /// Every sealed version in the store, oldest first.
     pub async fn list_versions(&self) -> Result<Vec<StoredVersion>> {
-        let metas: Vec<_> = self
-            .inner
-            .list(Some(&ObjectPath::from("manifests")))
-            .try_collect()
-            .await
-            .map_err(|e| self.backend(e))?;
+        let metas = crate::bounded::list_capped(self, "manifests", MAX_LISTED_OBJECTS).await?;
         let mut out: Vec<StoredVersion> = metas
             .into_iter()
             .filter_map(|m| {
@@ -541,20 +565,23 @@ impl ChunkStore {
     }
 
     async fn volume_records(&self, prefix: ObjectPath) -> Result<Vec<VolumeRecord>> {
-        let metas: Vec<_> = self
-            .inner
-            .list(Some(&prefix))
-            .try_collect()
-            .await
-            .map_err(|e| self.backend(e))?;
+        let metas = crate::bounded::list_capped(self, prefix.as_ref(), MAX_LISTED_OBJECTS).await?;
         let mut out = Vec::new();
         for meta in metas {
             // A record is a few hundred bytes; anything larger is not one of ours.
-            if meta.size > 64 * 1024 {
+            if meta.size > MAX_RECORD_BYTES {
                 continue;
             }
+            let what = format!("volume record {}", meta.location);
             let body = match self.inner.get(&meta.location).await {
-                Ok(got) => got.bytes().await.map_err(|e| self.backend(e))?,
+                Ok(got) => {
+                    match crate::bounded::read_capped(self, got, &what, MAX_RECORD_BYTES).await {
+                        Ok(body) => body,
+                        // Larger than its listing said: not one of ours either.
+                        Err(Error::ResponseTooLarge { .. }) => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
                 // Deleted between the listing and the read.
                 Err(object_store::Error::NotFound { .. }) => continue,
                 Err(e) => return Err(self.backend(e)),
@@ -578,8 +605,26 @@ impl ChunkStore {
     /// ([`crate::manifest::ChunkRef::check_len`], else [`Error::ChunkLengthMismatch`]).
     /// Verify and pull read chunks through this; the mount applies the same check to every
     /// tier.
+    /// At most the declared length is read: a longer body is [`Error::ChunkLengthMismatch`],
+    /// or [`Error::ResponseTooLarge`] when it is longer than any chunk can be.
     pub async fn get_chunk_checked(&self, chunk: &crate::manifest::ChunkRef) -> Result<Bytes> {
-        let data = self.get_chunk(&chunk.digest).await?;
+        let data = match self
+            .get_chunk_within(&chunk.digest, u64::from(chunk.len))
+            .await
+        {
+            // Longer than declared but no longer than a chunk can be: the manifest lies about
+            // its chunk (as a short one is caught below).
+            Err(Error::ResponseTooLarge { got_at_least, .. })
+                if got_at_least <= MAX_CHUNK_BYTES =>
+            {
+                return Err(Error::ChunkLengthMismatch {
+                    digest: chunk.digest,
+                    declared: chunk.len,
+                    actual: got_at_least,
+                });
+            }
+            other => other?,
+        };
         chunk.check_len(&data)?;
         Ok(data)
     }

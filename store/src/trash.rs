@@ -12,10 +12,12 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures::TryStreamExt;
 use object_store::PutPayload;
 use object_store::path::Path as ObjectPath;
 
+use crate::bounded::{
+    MAX_LISTED_OBJECTS, MAX_MANIFEST_BYTES, MAX_RECORD_BYTES, list_capped, read_capped,
+};
 use crate::digest::Digest;
 use crate::error::{Error, Result};
 use crate::lease::{WriterLease, write_json};
@@ -144,7 +146,10 @@ async fn restore_leased(
 ) -> Result<RestoreReport> {
     let record = read_record(store, digest).await?;
     let bytes = match store.object_store().get(&trash_key(digest)).await {
-        Ok(r) => r.bytes().await.map_err(|e| store.backend(e))?,
+        Ok(r) => {
+            let what = format!("the trashed manifest of {digest}");
+            read_capped(store, r, &what, MAX_MANIFEST_BYTES).await?
+        }
         Err(object_store::Error::NotFound { .. }) => {
             if store.has_manifest(digest).await? {
                 return Ok(RestoreReport {
@@ -193,12 +198,7 @@ async fn restore_leased(
 /// Every trash record, newest deletion first. Records that do not parse are skipped with a
 /// warning (the collector keeps their manifests).
 pub async fn list_trash(store: &ChunkStore) -> Result<Vec<TrashRecord>> {
-    let metas: Vec<_> = store
-        .object_store()
-        .list(Some(&ObjectPath::from(TRASH_PREFIX)))
-        .try_collect()
-        .await
-        .map_err(|e| store.backend(e))?;
+    let metas = list_capped(store, TRASH_PREFIX, MAX_LISTED_OBJECTS).await?;
     let mut out = Vec::new();
     for meta in metas {
         let Some(digest) = record_digest(&meta.location) else {
@@ -227,7 +227,7 @@ pub(crate) fn manifest_digest(location: &ObjectPath) -> Option<Digest> {
 pub async fn read_record(store: &ChunkStore, digest: &Digest) -> Result<Option<TrashRecord>> {
     let key = trash_record_key(digest);
     let body = match store.object_store().get(&key).await {
-        Ok(r) => r.bytes().await.map_err(|e| store.backend(e))?,
+        Ok(r) => read_capped(store, r, &format!("trash record {key}"), MAX_RECORD_BYTES).await?,
         Err(object_store::Error::NotFound { .. }) => return Ok(None),
         Err(e) => return Err(store.backend(e)),
     };
