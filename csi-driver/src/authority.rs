@@ -31,11 +31,19 @@ const END_HEADERS: u8 = 0x4;
 const PADDED: u8 = 0x8;
 const PRIORITY: u8 = 0x20;
 /// SETTINGS_MAX_FRAME_SIZE's initial value; h2 (and so tonic) never advertises more unless
-/// told to, so frames we write stay within it.
+/// told to, so frames we write stay within it, and a longer frame from the client is one the
+/// server would refuse anyway (FRAME_SIZE_ERROR): we refuse it before buffering it.
 const MAX_FRAME: usize = 16_384;
-/// Bound on one header block and on a frame we buffer, so a client cannot make us hold
-/// unbounded memory (tonic's default header list limit is 16 KiB; this is far above it).
-const MAX_BLOCK: usize = 1 << 20;
+/// Bound on one compressed header block (HEADERS + CONTINUATIONs). kubelet's requests carry
+/// a few hundred bytes of headers.
+pub const MAX_HEADER_BLOCK: usize = 64 * 1024;
+/// Bound on one decoded header list, counted as RFC 7540 6.5.2 counts
+/// SETTINGS_MAX_HEADER_LIST_SIZE (name + value + 32 a field). Without it, HPACK's
+/// amplification lets one small block decode to gigabytes: a header the client put in the
+/// dynamic table (up to 64 KiB) is named again by every 1-byte indexed field after it.
+pub const MAX_HEADER_LIST: usize = 64 * 1024;
+/// What RFC 7540 6.5.2 adds to each field's name and value length.
+const FIELD_OVERHEAD: usize = 32;
 
 /// The client-to-server half of the shim, as a pure byte transformer: feed it what the client
 /// sent, in any pieces, and it appends what the server should see.
@@ -98,8 +106,10 @@ impl HeaderRewriter {
             let head = &input[at..at + FRAME_HEADER];
             let len =
                 (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
-            if len > MAX_BLOCK {
-                return Err(protocol("frame larger than 1 MiB"));
+            if len > MAX_FRAME {
+                return Err(protocol(
+                    "frame larger than SETTINGS_MAX_FRAME_SIZE (16384)",
+                ));
             }
             if input.len() - at < FRAME_HEADER + len {
                 break;
@@ -123,8 +133,8 @@ impl HeaderRewriter {
                     if *pending_stream != stream {
                         return Err(protocol("CONTINUATION on another stream"));
                     }
-                    if block.len() + payload.len() > MAX_BLOCK {
-                        return Err(protocol("header block larger than 1 MiB"));
+                    if block.len() + payload.len() > MAX_HEADER_BLOCK {
+                        return Err(protocol("header block larger than 64 KiB"));
                     }
                     block.extend_from_slice(payload);
                     if flags & END_HEADERS != 0 {
@@ -148,30 +158,57 @@ impl HeaderRewriter {
 
     /// Decodes one header block with the client's table and re-encodes it as literals, an
     /// invalid `:authority` replaced.
+    ///
+    /// Fields are re-encoded as they are decoded (the decoder lends them from its table, so
+    /// nothing is copied but what we write), and the decoded list is counted: past
+    /// [`MAX_HEADER_LIST`] nothing more is written and the block is refused, so memory stays
+    /// within the bound whatever the block expands to.
     fn rewrite_block(&mut self, fragment: &[u8]) -> io::Result<Vec<u8>> {
-        let headers = self
-            .decoder
-            .decode(fragment)
-            .map_err(|e| protocol(&format!("bad HPACK header block: {e:?}")))?;
-        let mut block = Vec::with_capacity(fragment.len() * 2);
-        for (name, value) in &headers {
-            let value: &[u8] = if name == b":authority"
-                && http::uri::Authority::try_from(value.as_slice()).is_err()
-            {
-                self.rewritten += 1;
-                tracing::debug!(
-                    authority = %String::from_utf8_lossy(value),
-                    "replacing an invalid :authority with localhost"
-                );
-                REPLACEMENT_AUTHORITY
-            } else {
-                value
-            };
-            // Literal header field without indexing, new name (RFC 7541 6.2.2), no Huffman.
-            block.push(0);
-            encode_string(&mut block, name);
-            encode_string(&mut block, value);
+        if fragment.len() > MAX_HEADER_BLOCK {
+            return Err(protocol("header block larger than 64 KiB"));
         }
+        let mut block = Vec::with_capacity(fragment.len().saturating_mul(2).min(MAX_HEADER_LIST));
+        let mut list_size = 0usize;
+        let mut over = false;
+        let mut rewritten = 0u64;
+        self.decoder
+            .decode_with_cb(fragment, |name, value| {
+                if over {
+                    return;
+                }
+                list_size = list_size
+                    .saturating_add(name.len())
+                    .saturating_add(value.len())
+                    .saturating_add(FIELD_OVERHEAD);
+                if list_size > MAX_HEADER_LIST {
+                    over = true;
+                    return;
+                }
+                let value: &[u8] = if &*name == b":authority"
+                    && http::uri::Authority::try_from(&*value).is_err()
+                {
+                    rewritten += 1;
+                    tracing::debug!(
+                        authority = %String::from_utf8_lossy(&value),
+                        "replacing an invalid :authority with localhost"
+                    );
+                    REPLACEMENT_AUTHORITY
+                } else {
+                    &value
+                };
+                // Literal header field without indexing, new name (RFC 7541 6.2.2), no
+                // Huffman.
+                block.push(0);
+                encode_string(&mut block, &name);
+                encode_string(&mut block, value);
+            })
+            .map_err(|e| protocol(&format!("bad HPACK header block: {e:?}")))?;
+        if over {
+            return Err(protocol(
+                "decoded header list larger than 64 KiB (SETTINGS_MAX_HEADER_LIST_SIZE)",
+            ));
+        }
+        self.rewritten += rewritten;
         Ok(block)
     }
 }
@@ -429,6 +466,75 @@ mod tests {
         let joined: Vec<u8> = frames.iter().flat_map(|f| f.3.clone()).collect();
         let headers = loona_hpack::Decoder::new().decode(&joined).unwrap();
         assert_eq!(headers, vec![(b"x-big".to_vec(), big)]);
+    }
+
+    /// A block that puts one `value_len`-byte header in the dynamic table and names it again
+    /// `repeats` times with 1-byte indexed fields (index 62: the newest dynamic entry).
+    fn amplifying_block(value_len: usize, repeats: usize) -> Vec<u8> {
+        let mut block = Vec::new();
+        // Literal with incremental indexing, new name (RFC 7541 6.2.1).
+        block.push(0x40);
+        encode_string(&mut block, b"x-a");
+        encode_string(&mut block, &vec![b'v'; value_len]);
+        block.extend(std::iter::repeat_n(0x80 | 62, repeats));
+        block
+    }
+
+    /// `block` as HEADERS + CONTINUATION frames on stream 1.
+    fn frames_of(block: &[u8]) -> Vec<u8> {
+        let mut input = PREFACE.to_vec();
+        let mut frames = Vec::new();
+        write_headers(&mut frames, 1, true, block);
+        input.extend_from_slice(&frames);
+        input
+    }
+
+    #[test]
+    fn refuses_a_block_that_decodes_past_the_header_list_bound() {
+        // 4000 bytes named 60,000 times: 240 MB decoded from a 64 KB block.
+        let block = amplifying_block(4000, 60_000);
+        assert!(block.len() <= MAX_HEADER_BLOCK);
+        let mut out = Vec::new();
+        let err = HeaderRewriter::new()
+            .feed(&frames_of(&block), &mut out)
+            .unwrap_err();
+        assert!(err.to_string().contains("decoded header list"), "{err}");
+        assert!(
+            out.len() <= PREFACE.len() + MAX_HEADER_LIST,
+            "{}",
+            out.len()
+        );
+        // Just under the bound still goes through: 15 copies of 4000 bytes.
+        let block = amplifying_block(4000, 14);
+        let mut out = Vec::new();
+        HeaderRewriter::new()
+            .feed(&frames_of(&block), &mut out)
+            .unwrap();
+        let frames = decode_frames(&out[PREFACE.len()..]);
+        let joined: Vec<u8> = frames.iter().flat_map(|f| f.3.clone()).collect();
+        let headers = loona_hpack::Decoder::new().decode(&joined).unwrap();
+        assert_eq!(headers.len(), 15);
+    }
+
+    #[test]
+    fn refuses_frames_and_blocks_over_their_bounds() {
+        // One frame longer than SETTINGS_MAX_FRAME_SIZE is refused from its header alone.
+        let mut input = PREFACE.to_vec();
+        input.extend_from_slice(&[0x10, 0, 0, HEADERS, 0, 0, 0, 0, 1]);
+        let err = HeaderRewriter::new()
+            .feed(&input, &mut Vec::new())
+            .unwrap_err();
+        assert!(err.to_string().contains("SETTINGS_MAX_FRAME_SIZE"), "{err}");
+        // CONTINUATIONs that add up past the block bound.
+        let mut input = PREFACE.to_vec();
+        write_frame(&mut input, HEADERS, 0, 1, &[0u8; MAX_FRAME]);
+        for _ in 0..4 {
+            write_frame(&mut input, CONTINUATION, 0, 1, &[0u8; MAX_FRAME]);
+        }
+        let err = HeaderRewriter::new()
+            .feed(&input, &mut Vec::new())
+            .unwrap_err();
+        assert!(err.to_string().contains("header block larger"), "{err}");
     }
 
     #[test]
