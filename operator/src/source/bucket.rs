@@ -35,9 +35,10 @@ use sealed_store::ingest::Ingest;
 use tokio_util::io::StreamReader;
 use url::Url;
 
+use super::limits::ListingBudget;
 use super::{
-    Access, RemoteFile, SourceCredentials, SourceError, SyncOptions, SyncProgress, Tap, backoff,
-    error_chain, redact, redact_url, short,
+    Access, RemoteFile, SourceCredentials, SourceError, SourceLimits, SyncOptions, SyncProgress,
+    Tap, backoff, error_chain, redact, redact_url, short,
 };
 
 /// Environment prefixes the ambient credentials come from, for an allow-listed source only.
@@ -49,6 +50,7 @@ pub struct BucketSource {
     /// The URL as written in the spec, redacted ([`redact_url`]), for messages.
     url: String,
     retries: u32,
+    limits: SourceLimits,
     secrets: Vec<String>,
 }
 
@@ -191,6 +193,7 @@ impl BucketSource {
             prefix,
             url: shown,
             retries: opts.retries,
+            limits: opts.limits,
             secrets,
         })
     }
@@ -199,22 +202,36 @@ impl BucketSource {
         self.url.clone()
     }
 
-    /// Every object under the prefix (paths relative to it, sorted) and the revision.
+    /// Every object under the prefix (paths relative to it, sorted) and the revision. The
+    /// listing is streamed and counted as it arrives ([`ListingBudget`]: entries, and the
+    /// bytes of their keys and ETags), so an endless or huge prefix fails at the bound
+    /// instead of filling memory.
     pub(crate) async fn list(&self) -> Result<(String, Vec<RemoteFile>), SourceError> {
         let prefix = (!self.prefix.as_ref().is_empty()).then_some(&self.prefix);
-        let metas: Vec<_> = self
-            .store
-            .list(prefix)
-            .try_collect()
-            .await
-            .map_err(|e| self.error(e, Stage::List, ""))?;
         let strip = if self.prefix.as_ref().is_empty() {
             String::new()
         } else {
             format!("{}/", self.prefix.as_ref())
         };
+        let mut budget = ListingBudget::new(self.limits);
         let mut files = Vec::new();
-        for meta in metas {
+        let mut listing = self.store.list(prefix);
+        while let Some(meta) = listing
+            .try_next()
+            .await
+            .map_err(|e| self.error(e, Stage::List, ""))?
+        {
+            // What an entry holds in memory: its key twice, its ETag or version, a size.
+            let held = meta.location.as_ref().len() as u64 * 2
+                + meta.e_tag.as_ref().map_or(0, |e| e.len() as u64)
+                + meta.version.as_ref().map_or(0, |v| v.len() as u64)
+                + 64;
+            budget
+                .add(1, held)
+                .map_err(|detail| SourceError::TooLarge {
+                    what: self.url.clone(),
+                    detail,
+                })?;
             let key = meta.location.as_ref();
             let Some(rel) = key.strip_prefix(&strip) else {
                 continue;
@@ -280,12 +297,20 @@ impl BucketSource {
                 });
             }
             let body = got.into_stream().map_err(std::io::Error::other);
-            let mut tap = Tap::new(StreamReader::new(body));
+            let mut tap = Tap::new(StreamReader::new(body), file.size);
             match ingest
                 .add_file(&file.path, false, Some(file.size), &mut tap)
                 .await
             {
                 Ok(_) => return Ok(()),
+                // More than the listing said: the object is not what was listed.
+                Err(_) if tap.overflowed => {
+                    return Err(SourceError::SourceChanged {
+                        what: self.url.clone(),
+                        path: file.path.clone(),
+                        detail: tap.overflow_detail(),
+                    });
+                }
                 // A download that broke off, or ended short of the listed size: try again.
                 Err(e) if (tap.failed || short(&e)) && attempt < self.retries => {
                     attempt += 1;

@@ -30,9 +30,12 @@ use serde::Deserialize;
 use tokio_util::io::StreamReader;
 use url::Url;
 
+use super::limits::{
+    BodyError, ListingBudget, MAX_ERROR_BODY_BYTES, MAX_METADATA_BYTES, read_capped, read_prefix,
+};
 use super::{
-    RemoteFile, SourceCredentials, SourceError, SyncOptions, SyncProgress, Tap, backoff,
-    error_chain, globset, redact, redact_url, short,
+    RemoteFile, SourceCredentials, SourceError, SourceLimits, SyncOptions, SyncProgress, Tap,
+    backoff, error_chain, globset, redact, redact_url, short,
 };
 
 /// Redirects followed at most (reqwest's default limit).
@@ -51,6 +54,7 @@ pub struct HubSource {
     include: Option<globset::GlobSet>,
     exclude: Option<globset::GlobSet>,
     retries: u32,
+    limits: SourceLimits,
     secrets: Vec<String>,
 }
 
@@ -134,6 +138,7 @@ impl HubSource {
             include: globset(&src.include, "spec.source.huggingFace.include")?,
             exclude: globset(&src.exclude, "spec.source.huggingFace.exclude")?,
             retries: opts.retries,
+            limits: opts.limits,
             secrets: creds.secrets(),
         })
     }
@@ -177,7 +182,23 @@ impl HubSource {
     pub(crate) async fn resolve(&self) -> Result<String, SourceError> {
         let url = self.api_url(&["revision", &self.revision])?;
         let resp = self.get(url, Stage::Revision, "the revision").await?;
-        let info: RevisionInfo = resp.json().await.map_err(|e| self.protocol(&e))?;
+        let body = match read_capped(resp, MAX_METADATA_BYTES).await {
+            Ok(body) => body,
+            Err(BodyError::TooLarge) => {
+                return Err(SourceError::Protocol {
+                    what: self.describe(),
+                    detail: format!(
+                        "the revision answer is larger than {MAX_METADATA_BYTES} bytes; not read"
+                    ),
+                });
+            }
+            Err(BodyError::Http(e)) => return Err(self.unavailable("the revision", &e)),
+        };
+        let info: RevisionInfo =
+            serde_json::from_slice(&body).map_err(|e| SourceError::Protocol {
+                what: self.describe(),
+                detail: format!("the revision answer is not the Hub's JSON: {e}"),
+            })?;
         let sha = info.sha.to_ascii_lowercase();
         if sha.len() != 40 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(SourceError::Protocol {
@@ -191,20 +212,16 @@ impl HubSource {
         Ok(sha)
     }
 
-    /// Every file of the commit that passes include/exclude, sorted by path.
+    /// Every file of the commit that passes include/exclude, sorted by path. The listing is
+    /// counted as it arrives ([`ListingBudget`]): each page is read up to its byte bound
+    /// before it is parsed, and entries, bytes and pages over all pages have bounds too.
     pub(crate) async fn list(&self, commit: &str) -> Result<Vec<RemoteFile>, SourceError> {
         let mut url = self.api_url(&["tree", commit])?;
         url.query_pairs_mut().append_pair("recursive", "true");
         let mut files = Vec::new();
-        let mut pages = 0;
+        let mut budget = ListingBudget::new(self.limits);
         loop {
-            pages += 1;
-            if pages > 100_000 {
-                return Err(SourceError::Protocol {
-                    what: self.describe(),
-                    detail: "the tree listing never ends".into(),
-                });
-            }
+            budget.page().map_err(|d| self.too_large(d))?;
             let resp = self.get(url.clone(), Stage::Tree, "the file tree").await?;
             let next = next_link(resp.headers(), &url);
             if let Some(n) = &next
@@ -221,7 +238,20 @@ impl HubSource {
                     ),
                 });
             }
-            let entries: Vec<TreeEntry> = resp.json().await.map_err(|e| self.protocol(&e))?;
+            let page = match read_capped(resp, budget.page_cap()).await {
+                Ok(page) => page,
+                Err(BodyError::TooLarge) => return Err(self.too_large(budget.page_exceeded())),
+                Err(BodyError::Http(e)) => return Err(self.unavailable("the file tree", &e)),
+            };
+            let entries: Vec<TreeEntry> =
+                serde_json::from_slice(&page).map_err(|e| SourceError::Protocol {
+                    what: self.describe(),
+                    detail: format!("the tree listing is not the Hub's JSON: {e}"),
+                })?;
+            budget
+                .add(entries.len() as u64, page.len() as u64)
+                .map_err(|d| self.too_large(d))?;
+            drop(page);
             for e in entries {
                 if e.kind != "file" || !self.wanted(&e.path) {
                     continue;
@@ -292,7 +322,7 @@ impl HubSource {
             let resp = self.get(url.clone(), Stage::File, &file.path).await?;
             let etag = etag(resp.headers());
             let body = resp.bytes_stream().map_err(std::io::Error::other);
-            let mut tap = Tap::new(StreamReader::new(Box::pin(body)));
+            let mut tap = Tap::new(StreamReader::new(Box::pin(body)), file.size);
             if file.git_oid.is_some() {
                 tap = tap.with_git_blob(file.size);
             }
@@ -330,6 +360,13 @@ impl HubSource {
                         return Err(self.mismatch(file, etag, actual));
                     }
                     return Ok(());
+                }
+                // More than the listing declared: a broken server, not a broken transfer.
+                Err(_) if tap.overflowed => {
+                    return Err(SourceError::Protocol {
+                        what: format!("{} file '{}'", self.describe(), file.path),
+                        detail: tap.overflow_detail(),
+                    });
                 }
                 // A download that broke off, or ended short of the listed size: try again.
                 Err(e) if (tap.failed || short(&e)) && attempt < self.retries => {
@@ -371,10 +408,17 @@ impl HubSource {
         }
     }
 
-    fn protocol(&self, e: &reqwest::Error) -> SourceError {
-        SourceError::Protocol {
-            what: self.describe(),
+    fn unavailable(&self, what: &str, e: &reqwest::Error) -> SourceError {
+        SourceError::Unavailable {
+            what: format!("{} ({what})", self.describe()),
             detail: redact(&error_chain(e), &self.secrets),
+        }
+    }
+
+    fn too_large(&self, detail: String) -> SourceError {
+        SourceError::TooLarge {
+            what: self.describe(),
+            detail,
         }
     }
 
@@ -436,7 +480,8 @@ impl HubSource {
         };
         let code = header("x-error-code").unwrap_or_default();
         let message = header("x-error-message");
-        let body = resp.text().await.unwrap_or_default();
+        // An error page is read only as far as a message needs.
+        let body = read_prefix(resp, MAX_ERROR_BODY_BYTES).await;
         let mut detail = message.unwrap_or_else(|| body.chars().take(300).collect());
         detail = redact(detail.trim(), &self.secrets);
         let detail = if detail.is_empty() {

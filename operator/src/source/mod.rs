@@ -13,8 +13,10 @@
 
 pub mod bucket;
 pub mod huggingface;
+pub mod limits;
 pub mod policy;
 
+pub use limits::SourceLimits;
 pub use policy::{Access, SourcePolicy};
 
 use std::collections::BTreeMap;
@@ -99,6 +101,8 @@ pub struct SyncOptions {
     pub timeout: Duration,
     /// What may be read and how; checked before any request. The default is the strictest.
     pub policy: SourcePolicy,
+    /// How much listing a source may send ([`limits`]).
+    pub limits: SourceLimits,
 }
 
 impl Default for SyncOptions {
@@ -110,6 +114,7 @@ impl Default for SyncOptions {
             retries: 5,
             timeout: Duration::from_secs(60),
             policy: SourcePolicy::default(),
+            limits: SourceLimits::default(),
         }
     }
 }
@@ -234,6 +239,11 @@ pub enum SourceError {
     #[error("{what} is unavailable: {detail}")]
     Unavailable { what: String, detail: String },
 
+    /// The source sent more than a sync reads ([`limits`]): a listing too long, a page or a
+    /// file larger than it may be.
+    #[error("{what} is too large to sync: {detail}")]
+    TooLarge { what: String, detail: String },
+
     #[error("{what}: unexpected answer: {detail}")]
     Protocol { what: String, detail: String },
 
@@ -259,6 +269,7 @@ impl SourceError {
             SourceError::SourceChanged { .. } => "SourceChanged",
             SourceError::NoFiles { .. } => "NothingToSync",
             SourceError::Unavailable { .. } => "SourceUnavailable",
+            SourceError::TooLarge { .. } => "SourceTooLarge",
             SourceError::Protocol { .. } => "SourceError",
             SourceError::Store(_) => "StoreError",
         }
@@ -335,6 +346,10 @@ impl SourceError {
                 detail: r(detail),
             },
             SourceError::Protocol { what, detail } => SourceError::Protocol {
+                what: r(what),
+                detail: r(detail),
+            },
+            SourceError::TooLarge { what, detail } => SourceError::TooLarge {
                 what: r(what),
                 detail: r(detail),
             },
@@ -571,14 +586,20 @@ pub(crate) fn backoff(attempt: u32) -> Duration {
     Duration::from_millis(200u64.saturating_mul(1 << attempt.min(6))).min(Duration::from_secs(10))
 }
 
-/// Wraps a download: hashes what passes (SHA-256, and the git blob id when asked) and
+/// Wraps a download: hashes what passes (SHA-256, and the git blob id when asked),
 /// remembers whether the source itself failed, so a broken-off download can be retried while
-/// a store failure is not.
+/// a store failure is not, and stops a download at the size the listing declared
+/// ([`overflowed`](Self::overflowed)) instead of reading whatever the server sends.
 pub(crate) struct Tap<R> {
     inner: R,
     sha256: Sha256,
     git: Option<Sha1>,
+    /// The size the listing declared, and the bytes read so far.
+    limit: u64,
+    read: u64,
     pub failed: bool,
+    /// The source sent more than `limit` bytes; the read failed at that point.
+    pub overflowed: bool,
 }
 
 /// What a [`Tap`] saw: lowercase hex digests.
@@ -588,13 +609,25 @@ pub(crate) struct Tapped {
 }
 
 impl<R> Tap<R> {
-    pub fn new(inner: R) -> Self {
+    /// A tap over a file the listing declared as `limit` bytes.
+    pub fn new(inner: R, limit: u64) -> Self {
         Tap {
             inner,
             sha256: Sha256::new(),
             git: None,
+            limit,
+            read: 0,
             failed: false,
+            overflowed: false,
         }
+    }
+
+    /// The message of an [`overflowed`](Self::overflowed) download.
+    pub fn overflow_detail(&self) -> String {
+        format!(
+            "the server sent more than the {} bytes the listing declared; stopped reading there",
+            self.limit
+        )
     }
 
     /// Also computes the git blob id of content announced as `size` bytes.
@@ -624,6 +657,11 @@ impl<R: AsyncRead + Unpin> AsyncRead for Tap<R> {
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
                 let fresh = &buf.filled()[before..];
+                this.read = this.read.saturating_add(fresh.len() as u64);
+                if this.read > this.limit {
+                    this.overflowed = true;
+                    return Poll::Ready(Err(io::Error::other(this.overflow_detail())));
+                }
                 this.sha256.update(fresh);
                 if let Some(git) = &mut this.git {
                     git.update(fresh);
