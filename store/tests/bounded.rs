@@ -175,6 +175,11 @@ fn object(declared: u64, send: u64) -> Reply {
     }
 }
 
+/// An error's message, shortened (an error body may be in it).
+fn short(err: &Error) -> String {
+    err.to_string().chars().take(300).collect()
+}
+
 fn some_digest() -> Digest {
     Digest::of(b"a chunk the hostile store claims to have")
 }
@@ -185,6 +190,12 @@ async fn a_chunk_far_above_the_largest_chunk_is_refused_before_it_is_read() {
         HostileS3::start(|_, target| probe(target).unwrap_or(object(128 * MIB, 128 * MIB)));
     let store = server.store().await;
     let err = store.get_chunk(&some_digest()).await.unwrap_err();
+    let written = server.written();
+    assert!(
+        written <= sealed_store::bounded::MAX_CHUNK_BYTES + SLACK,
+        "the client read on: the server wrote {written} bytes ({})",
+        short(&err)
+    );
     match &err {
         Error::ResponseTooLarge { what, limit, .. } => {
             assert!(what.contains("chunk"), "{err}");
@@ -192,11 +203,6 @@ async fn a_chunk_far_above_the_largest_chunk_is_refused_before_it_is_read() {
         }
         other => panic!("expected ResponseTooLarge, got {other:?}"),
     }
-    let written = server.written();
-    assert!(
-        written <= sealed_store::bounded::MAX_CHUNK_BYTES + SLACK,
-        "the client read on: the server wrote {written} bytes"
-    );
 }
 
 #[tokio::test]
@@ -225,14 +231,15 @@ async fn a_manifest_over_a_gibibyte_is_refused_before_it_is_read() {
         HostileS3::start(|_, target| probe(target).unwrap_or(object(2048 * MIB, 128 * MIB)));
     let store = server.store().await;
     let err = store.get_manifest_bytes(&some_digest()).await.unwrap_err();
-    assert!(
-        matches!(err, Error::ResponseTooLarge { limit, .. } if limit == 1 << 30),
-        "{err:?}"
-    );
     let written = server.written();
     assert!(
         written <= SLACK,
-        "the client read on: the server wrote {written} bytes"
+        "the client read on: the server wrote {written} bytes ({})",
+        short(&err)
+    );
+    assert!(
+        matches!(err, Error::ResponseTooLarge { limit, .. } if limit == 1 << 30),
+        "{err:?}"
     );
 }
 
@@ -241,17 +248,17 @@ async fn a_gc_marker_is_read_as_the_small_record_it_is() {
     let server =
         HostileS3::start(|_, target| probe(target).unwrap_or(object(128 * MIB, 128 * MIB)));
     let store = server.store().await;
-    let err = sealed_store::lease::read_gc_marker(&store)
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(&err, Error::ResponseTooLarge { what, .. } if what.contains("gc/running")),
-        "{err:?}"
-    );
+    let got = sealed_store::lease::read_gc_marker(&store).await;
     let written = server.written();
     assert!(
         written <= sealed_store::bounded::MAX_RECORD_BYTES + SLACK,
-        "the client read on: the server wrote {written} bytes"
+        "the client read on: the server wrote {written} bytes ({:?})",
+        got.as_ref().map(|m| m.as_ref().map(|m| m.host.clone()))
+    );
+    let err = got.unwrap_err();
+    assert!(
+        matches!(&err, Error::ResponseTooLarge { what, .. } if what.contains("gc/running")),
+        "{err:?}"
     );
 }
 
@@ -268,16 +275,17 @@ async fn an_endless_error_body_is_cut_off() {
     });
     let store = server.store().await;
     let err = store.get_chunk(&some_digest()).await.unwrap_err();
+    let written = server.written();
+    assert!(
+        written <= MIB + SLACK,
+        "the client read on: the server wrote {written} bytes ({})",
+        short(&err)
+    );
     assert!(
         matches!(&err, Error::ResponseTooLarge { what, limit, .. }
             if what.contains("error body") && *limit == 1024 * 1024),
         "{}",
         err.to_string().chars().take(300).collect::<String>()
-    );
-    let written = server.written();
-    assert!(
-        written <= MIB + SLACK,
-        "the client read on: the server wrote {written} bytes"
     );
 }
 
@@ -302,15 +310,16 @@ async fn an_endless_listing_page_is_cut_off() {
     });
     let store = server.store().await;
     let err = store.list_versions().await.unwrap_err();
+    let written = server.written();
+    assert!(
+        written <= 64 * MIB + SLACK,
+        "the client read on: the server wrote {written} bytes ({})",
+        short(&err)
+    );
     assert!(
         matches!(&err, Error::ResponseTooLarge { what, limit, .. }
             if what.contains("listing page") && *limit == 64 * MIB),
         "{err:?}"
-    );
-    let written = server.written();
-    assert!(
-        written <= 64 * MIB + SLACK,
-        "the client read on: the server wrote {written} bytes"
     );
 }
 
