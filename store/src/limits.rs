@@ -76,9 +76,10 @@ pub fn check_endpoint(endpoint: &str) -> std::result::Result<(), String> {
 }
 
 impl StoreOptions {
-    /// Checks every bound: an endpoint with a scheme and a host, a timeout of 1 s to a day,
-    /// at most [`MAX_RETRIES`] retries. Callers that take these from users check them before
-    /// [`crate::ChunkStore::open`].
+    /// Checks every bound: an endpoint with a scheme and a host, a timeout above zero and at
+    /// most a day (tests use milliseconds), at most [`MAX_RETRIES`] retries.
+    /// [`crate::ChunkStore::open`] checks them too; callers that take these from users check
+    /// them first for a message in their own terms.
     pub fn validate(&self) -> Result<()> {
         if let Some(endpoint) = &self.endpoint {
             check_endpoint(endpoint).map_err(|reason| Error::InvalidEndpoint {
@@ -90,7 +91,7 @@ impl StoreOptions {
             return Err(Error::OutOfRange {
                 what: "store request timeout".into(),
                 value: format!("{:?}", self.timeout),
-                bound: "between 1 s and one day (86400 s)".into(),
+                bound: "more than zero and at most one day (86400 s)".into(),
             });
         }
         if self.retries > MAX_RETRIES {
