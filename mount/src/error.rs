@@ -41,6 +41,15 @@ pub enum FetchError {
         declared: u32,
         actual: u64,
     },
+    #[error(
+        "chunk {digest}: store {store} failed moments ago, so it is not asked again for \
+         {retry_in:?} (circuit breaker; reads fail at once meanwhile instead of waiting)"
+    )]
+    StoreFailing {
+        digest: Digest,
+        store: String,
+        retry_in: Duration,
+    },
     #[error("chunk {digest}: internal error: {reason}")]
     Internal { digest: Digest, reason: String },
 }
@@ -105,6 +114,20 @@ pub enum MountError {
         path: PathBuf,
         #[source]
         source: std::io::Error,
+    },
+    #[error(
+        "version {digest} cannot be mounted: it has {count} {what}, over the per-mount limit \
+         of {limit} (MountLimits::{field}; raise it on the node plugin if this version is meant \
+         to be mounted)"
+    )]
+    OverLimit {
+        digest: Digest,
+        /// What was counted: "entries", "chunk references", "bytes of memory (estimated)".
+        what: &'static str,
+        /// The [`crate::MountLimits`] field that sets the limit.
+        field: &'static str,
+        count: u64,
+        limit: u64,
     },
     #[error("invalid prefetch pattern '{pattern}': {reason}")]
     BadPattern { pattern: String, reason: String },

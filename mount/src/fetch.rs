@@ -15,8 +15,9 @@ use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use parking_lot::Mutex;
 use sealed_store::{ChunkRef, ChunkStore, Digest, Error as StoreError};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
+use crate::breaker::{Admission, Breakers};
 use crate::cache::{ChunkCache, DiskCache, MemoryCache};
 use crate::error::{FetchError, MountError};
 use crate::metrics::MountMetrics;
@@ -32,6 +33,10 @@ pub struct FetchPolicy {
     pub retries: u32,
     /// First pause between attempts; doubles each time, capped at 2 s.
     pub backoff: Duration,
+    /// Circuit breaker: after a fetch from a store fails by timeout or backend error (after
+    /// its retries), fetches from that store fail at once (EIO) for this long, then one probe
+    /// goes through. Zero turns the breaker off. See `crate::breaker`.
+    pub breaker_open: Duration,
 }
 
 impl Default for FetchPolicy {
@@ -40,12 +45,15 @@ impl Default for FetchPolicy {
             attempt_timeout: Duration::from_secs(20),
             retries: 2,
             backoff: Duration::from_millis(200),
+            breaker_open: Duration::from_secs(5),
         }
     }
 }
 
 impl FetchPolicy {
-    /// The longest a read of uncached data can wait before it fails with EIO.
+    /// The longest one chunk fetch from the store can take before it fails: every attempt
+    /// timing out, plus the pauses between them. With the breaker on, this is also the bound
+    /// on one read request of uncached data while the store is down (docs/mount.md).
     /// Saturates rather than overflows for absurd policies (callers bound them; see
     /// `sealed_store::limits`).
     pub fn worst_case(&self) -> Duration {
@@ -94,6 +102,7 @@ struct Inner {
     policy: FetchPolicy,
     metrics: Arc<MountMetrics>,
     budget: PrefetchBudget,
+    breakers: Breakers,
     /// Disk cache writes not yet done, and a wake-up when they reach zero.
     pending_writes: AtomicU64,
     writes_done: Notify,
@@ -119,6 +128,7 @@ impl NodeCache {
                 inflight: Mutex::new(HashMap::new()),
                 policy: options.fetch,
                 budget: PrefetchBudget::new(options.prefetch_bytes, metrics.clone()),
+                breakers: Breakers::new(options.fetch.breaker_open),
                 metrics,
                 pending_writes: AtomicU64::new(0),
                 writes_done: Notify::new(),
@@ -153,6 +163,18 @@ impl NodeCache {
     /// Whatever tier they come from, the bytes are as long as `chunk` declares: a manifest
     /// whose lengths lie is an error ([`FetchError::WrongLength`], EIO), never short bytes.
     pub async fn get(&self, store: &ChunkStore, chunk: &ChunkRef) -> Result<Bytes, FetchError> {
+        self.get_with(store, chunk, None).await
+    }
+
+    /// [`NodeCache::get`], where starting a fetch (not joining one, not a memory hit) first
+    /// takes a slot of `slots`, held until the fetch ends: a mount's bound on its fetches
+    /// in flight.
+    pub(crate) async fn get_with(
+        &self,
+        store: &ChunkStore,
+        chunk: &ChunkRef,
+        slots: Option<&Arc<Semaphore>>,
+    ) -> Result<Bytes, FetchError> {
         let digest = &chunk.digest;
         let metrics = &self.inner.metrics;
         if let Some(data) = self.inner.memory.get(digest) {
@@ -160,7 +182,23 @@ impl NodeCache {
             return self.checked_len(chunk, data);
         }
         MountMetrics::inc(&metrics.memory_misses);
-        let data = self.flight(store, chunk, true).await?;
+        let joined = self.inner.inflight.lock().get(digest).cloned();
+        let data = match (joined, slots) {
+            (Some(flight), _) => flight.await?,
+            (None, Some(slots)) => {
+                let slot =
+                    slots
+                        .clone()
+                        .acquire_owned()
+                        .await
+                        .map_err(|_| FetchError::Internal {
+                            digest: *digest,
+                            reason: "the mount's fetch slots are closed".into(),
+                        })?;
+                self.flight(store, chunk, true, Some(slot)).await?
+            }
+            (None, None) => self.flight(store, chunk, true, None).await?,
+        };
         // A flight started by `warm` does not fill memory; this reader wants it there.
         if !self.inner.memory.contains(digest) {
             self.inner.memory.put(digest, &data);
@@ -174,7 +212,7 @@ impl NodeCache {
         match &self.inner.disk {
             Some(disk) if disk.contains(&chunk.digest) => Ok(()),
             Some(_) => {
-                let data = self.flight(store, chunk, false).await?;
+                let data = self.flight(store, chunk, false, None).await?;
                 self.checked_len(chunk, data).map(drop)
             }
             None => self.get(store, chunk).await.map(drop),
@@ -205,12 +243,14 @@ impl NodeCache {
         }
     }
 
-    /// Joins the fetch of `digest` in flight, or starts one (disk, then store).
-    fn flight(
+    /// Joins the fetch of `digest` in flight, or starts one (disk, then store). A fetch it
+    /// starts holds `slot` until readers have their answer; joining drops it at once.
+    pub(crate) fn flight(
         &self,
         store: &ChunkStore,
         chunk: &ChunkRef,
         into_memory: bool,
+        slot: Option<OwnedSemaphorePermit>,
     ) -> impl Future<Output = Result<Bytes, FetchError>> + use<> {
         let mut inflight = self.inner.inflight.lock();
         if let Some(flight) = inflight.get(&chunk.digest) {
@@ -243,6 +283,7 @@ impl NodeCache {
                 this.inner.inflight.lock().remove(&digest);
             }
             let _ = tx.send(result.clone().map(|(data, _)| data));
+            drop(slot);
             // Readers have their bytes; the disk copy is written off their path. The flight
             // stays in the table until it is on disk: a reader arriving meanwhile (a chunk
             // warmed without filling memory) joins it instead of missing the disk and
@@ -324,6 +365,62 @@ impl NodeCache {
         store: &ChunkStore,
         digest: &Digest,
     ) -> Result<Bytes, FetchError> {
+        let metrics = &self.inner.metrics;
+        let breakers = &self.inner.breakers;
+        let (mut opened, probe) = match breakers.admit(store.name()) {
+            Admission::Go { opened, probe } => (opened, probe),
+            Admission::FailFast { retry_in } => {
+                MountMetrics::inc(&metrics.store_fast_failures);
+                return Err(FetchError::StoreFailing {
+                    digest: *digest,
+                    store: store.name().to_owned(),
+                    retry_in,
+                });
+            }
+        };
+        let attempts = self.attempts(store, digest);
+        // The breaker opening (another fetch from this store failed) ends this one too: the
+        // store is down, and its readers must not wait longer than the bound from their start.
+        let outcome = tokio::select! {
+            outcome = attempts => outcome,
+            _ = opened.changed() => Err(Attempts::Abandoned),
+        };
+        match outcome {
+            Ok(data) => {
+                breakers.success(store.name(), probe);
+                Ok(data)
+            }
+            Err(Attempts::Answer(e)) => {
+                // A missing or corrupt chunk is an answer: the store works.
+                breakers.success(store.name(), probe);
+                Err(e)
+            }
+            Err(Attempts::Failed(e)) => {
+                MountMetrics::inc(&metrics.store_errors);
+                if breakers.failure(store.name(), probe) {
+                    MountMetrics::inc(&metrics.breaker_opens);
+                    tracing::warn!(
+                        store = store.name(),
+                        open_for = ?self.inner.policy.breaker_open,
+                        error = %e,
+                        "store failing: further fetches from it fail at once for a while"
+                    );
+                }
+                Err(e)
+            }
+            Err(Attempts::Abandoned) => {
+                MountMetrics::inc(&metrics.store_fast_failures);
+                Err(FetchError::StoreFailing {
+                    digest: *digest,
+                    store: store.name().to_owned(),
+                    retry_in: self.inner.policy.breaker_open,
+                })
+            }
+        }
+    }
+
+    /// The attempts of one fetch, with their timeouts and backoff.
+    async fn attempts(&self, store: &ChunkStore, digest: &Digest) -> Result<Bytes, Attempts> {
         let policy = self.inner.policy;
         let metrics = &self.inner.metrics;
         let mut pause = policy.backoff;
@@ -341,20 +438,20 @@ impl NodeCache {
                 }
                 Ok(Err(StoreError::MissingChunk { .. })) => {
                     MountMetrics::inc(&metrics.store_errors);
-                    return Err(FetchError::Missing {
+                    return Err(Attempts::Answer(FetchError::Missing {
                         digest: *digest,
                         store: store.name().to_owned(),
-                    });
+                    }));
                 }
                 Ok(Err(StoreError::CorruptChunk { actual, .. })) => {
                     MountMetrics::inc(&metrics.store_errors);
                     MountMetrics::inc(&metrics.verification_failures);
                     tracing::error!(%digest, %actual, store = store.name(), "corrupt chunk in store");
-                    return Err(FetchError::Corrupt {
+                    return Err(Attempts::Answer(FetchError::Corrupt {
                         digest: *digest,
                         actual,
                         store: store.name().to_owned(),
-                    });
+                    }));
                 }
                 Ok(Err(e)) => FetchError::Unavailable {
                     digest: *digest,
@@ -379,12 +476,21 @@ impl NodeCache {
                 pause = pause.saturating_mul(2).min(Duration::from_secs(2));
             }
         }
-        MountMetrics::inc(&metrics.store_errors);
-        Err(last.unwrap_or(FetchError::Internal {
+        Err(Attempts::Failed(last.unwrap_or(FetchError::Internal {
             digest: *digest,
             reason: "no attempt made".into(),
-        }))
+        })))
     }
+}
+
+/// How the attempts of one fetch ended, when they did not bring the bytes.
+enum Attempts {
+    /// The store answered: the chunk is missing or corrupt (not retried, not a store fault).
+    Answer(FetchError),
+    /// Timeouts or backend errors on every attempt: the store is failing.
+    Failed(FetchError),
+    /// The breaker opened meanwhile.
+    Abandoned,
 }
 
 /// Bytes-in-flight gauge around a store fetch.
@@ -396,6 +502,7 @@ pub(crate) struct InFlight<'a> {
 impl<'a> InFlight<'a> {
     pub(crate) fn new(metrics: &'a MountMetrics, bytes: u64) -> Self {
         MountMetrics::add(&metrics.bytes_in_flight, bytes);
+        MountMetrics::inc(&metrics.fetches_in_flight);
         InFlight { metrics, bytes }
     }
 }
@@ -403,5 +510,6 @@ impl<'a> InFlight<'a> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         MountMetrics::sub(&self.metrics.bytes_in_flight, self.bytes);
+        MountMetrics::sub(&self.metrics.fetches_in_flight, 1);
     }
 }

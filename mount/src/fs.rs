@@ -6,12 +6,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::{Bytes, BytesMut};
-use futures::future::try_join_all;
+use futures::StreamExt;
 use parking_lot::Mutex;
 use sealed_store::{ChunkRef, ChunkStore, Digest};
+use tokio::sync::Semaphore;
 
 use crate::error::{FetchError, FsError};
 use crate::fetch::NodeCache;
+use crate::limits::MountLimits;
 use crate::metrics::MountMetrics;
 use crate::prefetch::{Readahead, ReadaheadPolicy};
 use crate::tree::{Attr, DirEntry, Node, NodeType, ROOT_INO, Tree};
@@ -36,6 +38,10 @@ pub struct SealedFs {
     readahead: ReadaheadPolicy,
     handles: Mutex<HashMap<u64, Arc<Mutex<Readahead>>>>,
     next_handle: AtomicU64,
+    /// Chunk fetches one read may have in flight.
+    fetches_per_read: usize,
+    /// The mount's fetches in flight (reads and readahead): a slot per fetch started.
+    fetch_slots: Arc<Semaphore>,
 }
 
 /// Handle numbers start from the clock, so that a process that resumed a mount does not hand
@@ -56,6 +62,7 @@ impl SealedFs {
         cache: NodeCache,
         readahead: ReadaheadPolicy,
     ) -> SealedFs {
+        let (fetches_per_read, per_mount) = MountLimits::default().fetch_bounds();
         SealedFs {
             digest,
             tree,
@@ -64,7 +71,17 @@ impl SealedFs {
             readahead,
             handles: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(first_handle()),
+            fetches_per_read,
+            fetch_slots: Arc::new(Semaphore::new(per_mount)),
         }
+    }
+
+    /// The fetch bounds of `limits` (the size caps are checked before the tree is built).
+    pub fn with_limits(mut self, limits: &MountLimits) -> SealedFs {
+        let (per_read, per_mount) = limits.fetch_bounds();
+        self.fetches_per_read = per_read;
+        self.fetch_slots = Arc::new(Semaphore::new(per_mount));
+        self
     }
 
     pub fn digest(&self) -> &Digest {
@@ -240,12 +257,24 @@ impl SealedFs {
         let end = offset.saturating_add(u64::from(size)).min(file.size);
         let range = chunk_range(starts, offset, end);
         let wanted = file.chunks.get(range.clone()).unwrap_or_default();
-        // Each chunk's bytes are verified against its digest and its declared length
-        // (`NodeCache::get`), so the offsets below hold; they are still computed checked, so
-        // that a broken invariant is EIO, never a panic in a FUSE worker.
-        let datas = try_join_all(wanted.iter().map(|c| self.cache.get(&self.store, c))).await?;
-        let mut pieces = Vec::with_capacity(datas.len());
-        for ((i, data), chunk) in range.zip(datas).zip(wanted) {
+        // At most `fetches_per_read` chunks at once, in order: a read over a million tiny
+        // chunks must not start a million fetches. Each chunk's bytes are verified against
+        // its digest and its declared length (`NodeCache::get`), so the offsets below hold;
+        // they are still computed checked, so that a broken invariant is EIO, never a panic
+        // in a FUSE worker.
+        let (cache, store, slots) = (&self.cache, &self.store, &self.fetch_slots);
+        // Chunks by value: a closure over `&ChunkRef` would make the read's future lose
+        // `Send` (a higher-ranked lifetime the compiler cannot prove general).
+        let mut fetched = futures::stream::iter(wanted.iter().copied())
+            .map(move |c| async move { cache.get_with(store, &c, Some(slots)).await })
+            .buffered(self.fetches_per_read);
+        let want = usize::try_from(end - offset).unwrap_or(0);
+        let mut out = BytesMut::new();
+        for (i, chunk) in range.zip(wanted) {
+            let data = match fetched.next().await {
+                Some(result) => result?,
+                None => break,
+            };
             let piece = starts
                 .get(i)
                 .and_then(|&chunk_start| {
@@ -264,14 +293,13 @@ impl SealedFs {
                         ),
                     })
                 })?;
-            pieces.push(piece);
-        }
-        if pieces.len() == 1 {
-            return Ok(pieces.swap_remove(0));
-        }
-        let want = usize::try_from(end - offset).unwrap_or(0);
-        let mut out = BytesMut::with_capacity(want);
-        for piece in pieces {
+            // A read inside one chunk is zero-copy.
+            if wanted.len() == 1 {
+                return Ok(piece);
+            }
+            if out.capacity() == 0 {
+                out.reserve(want);
+            }
             out.extend_from_slice(&piece);
         }
         Ok(out.freeze())
@@ -301,15 +329,21 @@ impl SealedFs {
                 continue;
             }
             let len = u64::from(chunk.len);
+            // Readahead takes a fetch slot of the mount or waits for a later read: it never
+            // queues, so a window over tiny chunks cannot start a fetch per chunk.
+            let Ok(slot) = self.fetch_slots.clone().try_acquire_owned() else {
+                state.retract(start);
+                return;
+            };
             if !self.cache.budget().try_acquire(len) {
                 state.retract(start);
                 return;
             }
+            let flight = self.cache.flight(&self.store, &chunk, true, Some(slot));
             let cache = self.cache.clone();
-            let store = self.store.clone();
             tokio::spawn(async move {
                 // Errors are the reader's to see when it gets there; here they are counted.
-                let _ = cache.get(&store, &chunk).await;
+                let _ = flight.await;
                 cache.budget().release(len);
             });
         }

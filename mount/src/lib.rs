@@ -13,11 +13,13 @@
 //! [`MountHandle::spawn`] mounts a version at a path in the background (the CLI's
 //! `sealed mount` and the CSI node plugin both use it) and [`MountHandle::unmount`] ends it.
 
+mod breaker;
 pub mod cache;
 pub mod error;
 pub mod fetch;
 pub mod fs;
 pub mod fuse;
+pub mod limits;
 mod lru;
 pub mod metrics;
 pub mod prefetch;
@@ -31,6 +33,7 @@ pub use cache::{ChunkCache, DiskCache, MemoryCache};
 pub use error::{FetchError, FsError, MountError};
 pub use fetch::{FetchPolicy, NodeCache, NodeCacheOptions};
 pub use fs::{SealedFs, StatFs};
+pub use limits::MountLimits;
 pub use metrics::{MetricsSnapshot, MountMetrics};
 pub use prefetch::ReadaheadPolicy;
 pub use session::{MountHandle, MountOptions, unmount};

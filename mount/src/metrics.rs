@@ -20,6 +20,14 @@ pub struct MountMetrics {
     pub store_errors: AtomicU64,
     /// Single attempts that hit the per-attempt timeout.
     pub store_timeouts: AtomicU64,
+    /// Fetches failed at once because the store's circuit breaker was open (or opened while
+    /// they waited), instead of waiting out the timeout again.
+    pub store_fast_failures: AtomicU64,
+    /// Times a store's circuit breaker opened.
+    pub breaker_opens: AtomicU64,
+    /// Fetches from the object store under way right now (a gauge, bounded per mount by
+    /// `MountLimits::max_fetches_per_mount`).
+    pub fetches_in_flight: AtomicU64,
     /// Sum and count of successful object-store fetch latencies, in microseconds.
     pub fetch_latency_us_sum: AtomicU64,
     pub fetch_latency_us_max: AtomicU64,
@@ -55,6 +63,9 @@ pub struct MetricsSnapshot {
     pub store_bytes_fetched: u64,
     pub store_errors: u64,
     pub store_timeouts: u64,
+    pub store_fast_failures: u64,
+    pub breaker_opens: u64,
+    pub fetches_in_flight: u64,
     pub fetch_latency_us_sum: u64,
     pub fetch_latency_us_max: u64,
     pub verification_failures: u64,
@@ -99,6 +110,9 @@ impl MountMetrics {
             store_bytes_fetched: g(&self.store_bytes_fetched),
             store_errors: g(&self.store_errors),
             store_timeouts: g(&self.store_timeouts),
+            store_fast_failures: g(&self.store_fast_failures),
+            breaker_opens: g(&self.breaker_opens),
+            fetches_in_flight: g(&self.fetches_in_flight),
             fetch_latency_us_sum: g(&self.fetch_latency_us_sum),
             fetch_latency_us_max: g(&self.fetch_latency_us_max),
             verification_failures: g(&self.verification_failures),

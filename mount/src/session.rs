@@ -17,6 +17,7 @@ use crate::error::MountError;
 use crate::fetch::NodeCache;
 use crate::fs::SealedFs;
 use crate::fuse::FuseAdapter;
+use crate::limits::MountLimits;
 use crate::metrics::MountMetrics;
 use crate::prefetch::ReadaheadPolicy;
 use crate::tree::Tree;
@@ -40,6 +41,9 @@ pub struct MountOptions {
     /// because requests read on a clone are failed when the clone closes, while those read
     /// on the shared fd wait for the next server.
     pub restartable: bool,
+    /// Caps on the version's size, checked before mounting, and on the fetches its reads
+    /// have in flight.
+    pub limits: MountLimits,
 }
 
 impl Default for MountOptions {
@@ -52,6 +56,7 @@ impl Default for MountOptions {
             allow_other: None,
             kernel_readahead_kb: Some(8192),
             restartable: false,
+            limits: MountLimits::default(),
         }
     }
 }
@@ -305,10 +310,16 @@ async fn prepare(
     cache: NodeCache,
     options: &MountOptions,
 ) -> Result<(Arc<SealedFs>, FuseAdapter, Config), MountError> {
-    let manifest = store.get_manifest(&digest).await?;
+    let limits = &options.limits;
+    let bytes = store.get_manifest_bytes(&digest).await?;
+    limits.check_encoded(digest, bytes.len() as u64)?;
+    let manifest = sealed_store::Manifest::parse(&bytes)?;
+    drop(bytes);
+    limits.check_manifest(digest, &manifest)?;
     let tree =
         Tree::build(manifest).map_err(|reason| MountError::BadManifest { digest, reason })?;
-    let fs = Arc::new(SealedFs::new(digest, tree, store, cache, options.readahead));
+    let fs =
+        Arc::new(SealedFs::new(digest, tree, store, cache, options.readahead).with_limits(limits));
     let adapter = FuseAdapter::new(fs.clone(), tokio::runtime::Handle::current());
 
     let mut config = Config::default();

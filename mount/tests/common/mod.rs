@@ -2,6 +2,8 @@
 //! made to hang or fail on demand.
 #![allow(dead_code)]
 
+pub mod s3;
+
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
