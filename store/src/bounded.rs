@@ -145,4 +145,24 @@ mod tests {
             _ => panic!("an endless body must stop at its cap"),
         }
     }
+
+    #[tokio::test]
+    async fn listings_are_counted_and_stopped_past_their_bound() {
+        let store = ChunkStore::memory();
+        for i in 0..5 {
+            let key = ObjectPath::from(format!("trash/{i}"));
+            store
+                .object_store()
+                .put(&key, object_store::PutPayload::from_static(b"x"))
+                .await
+                .unwrap();
+        }
+        assert_eq!(list_capped(&store, "trash", 5).await.unwrap().len(), 5);
+        match list_capped(&store, "trash", 4).await {
+            Err(Error::ListingTooLong { prefix, limit, .. }) => {
+                assert_eq!((prefix.as_str(), limit), ("trash/", 4));
+            }
+            other => panic!("expected ListingTooLong, got {other:?}"),
+        }
+    }
 }
