@@ -6,17 +6,20 @@
 
 pub mod attest;
 pub mod authority;
+pub mod digest_locks;
 pub mod error;
 pub mod fd_holder;
 pub mod gpu;
 pub mod identity;
 pub mod kube_access;
 pub mod lease;
+pub mod manifest_cache;
 pub mod metrics;
 pub mod mounts;
 pub mod node;
 pub mod registration;
 pub mod state;
+pub mod store_access;
 pub mod targets;
 
 use std::path::{Path, PathBuf};

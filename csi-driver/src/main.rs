@@ -104,6 +104,11 @@ struct Args {
     /// the plugin keeps running pods' mounts working; without it, they break
     #[arg(long, env = "SEALED_FD_HOLDER")]
     fd_holder: Option<PathBuf>,
+    /// Seconds a restarted plugin keeps trying the store for the manifest of a held mount
+    /// it has no copy of (readers of that mount wait meanwhile); then the mount's connection
+    /// is aborted, so its readers get an error
+    #[arg(long, default_value_t = sealed_csi::state::DEFAULT_RESUME_DEADLINE.as_secs())]
+    resume_deadline: u64,
     /// Serve Prometheus /metrics and /healthz over HTTP on this address (e.g. 0.0.0.0:9809);
     /// off when unset
     #[arg(long, env = "SEALED_METRICS_ADDR")]
@@ -210,6 +215,7 @@ async fn main() -> anyhow::Result<()> {
             .clone()
             .or_else(|| args.kubelet_dir.clone())
             .unwrap_or_else(|| PathBuf::from(sealed_csi::targets::DEFAULT_KUBELET_ROOT)),
+        resume_deadline: Duration::from_secs(args.resume_deadline),
     };
     tracing::info!(kubelet_root = %config.kubelet_root.display(),
         "targets must be under <kubelet-root>/pods");
@@ -234,6 +240,10 @@ async fn main() -> anyhow::Result<()> {
             "no --fd-holder: restarting this plugin will break the mounts of running pods"
         );
     }
+    // The socket first, and no store I/O before serving: a restart while the store is down
+    // must not keep kubelet and the liveness probe waiting (held mounts resume in the
+    // background, each under its own version's lock).
+    let listener = sealed_csi::bind(&socket)?;
     driver.recover().await?;
     let reporter = match (&kube, args.publications_namespace.as_deref()) {
         (Some(kube), Some(ns)) if !ns.is_empty() => {
@@ -268,16 +278,29 @@ async fn main() -> anyhow::Result<()> {
             }
         });
     }
-    // Open the store now to report a bad URL or credential early; a store that is down is
-    // retried on the first publish rather than failing the plugin.
-    match driver.store().await {
-        Ok(_) => tracing::info!(store = %args.store, "store reachable"),
-        Err(e @ sealed_csi::CsiError::Store(sealed_store::Error::InvalidStoreUrl { .. })) => {
-            return Err(e.into());
-        }
-        Err(e) => tracing::warn!(error = %e, "store not reachable yet; retrying on publish"),
-    }
-    let listener = sealed_csi::bind(&socket)?;
+    // Open the store in the background to report a bad URL or credential early (a bad URL
+    // stops the plugin); a store that is down is retried on the first publish rather than
+    // failing the plugin.
+    let store_check = {
+        let driver = driver.clone();
+        let store = args.store.clone();
+        tokio::spawn(async move {
+            match driver.store().await {
+                Ok(_) => {
+                    tracing::info!(%store, "store reachable");
+                    Ok(())
+                }
+                Err(
+                    e @ sealed_csi::CsiError::Store(sealed_store::Error::InvalidStoreUrl { .. }),
+                ) => Err(e),
+                Err(e) => {
+                    tracing::warn!(error = %e, "store not reachable yet; retrying on publish");
+                    Ok(())
+                }
+            }
+        })
+    };
+    tokio::pin!(store_check);
     tracing::info!(
         endpoint = %args.endpoint,
         node_id = %args.node_id,
@@ -315,6 +338,7 @@ async fn main() -> anyhow::Result<()> {
         .context("cannot handle SIGTERM")?;
     tokio::select! {
         result = &mut server => result?,
+        Ok(Err(e)) = &mut store_check => return Err(e.into()),
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }

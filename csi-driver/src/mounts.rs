@@ -97,7 +97,8 @@ pub fn mount_points() -> Vec<PathBuf> {
         .collect()
 }
 
-fn absolute(path: &Path) -> PathBuf {
+/// `path` as mountinfo lists it (to compare with [`mount_points`]).
+pub fn absolute(path: &Path) -> PathBuf {
     // Canonicalize the parent only: the target itself may be a dead FUSE mount.
     match (path.parent(), path.file_name()) {
         (Some(parent), Some(name)) => parent

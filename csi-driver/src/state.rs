@@ -3,25 +3,40 @@
 //!
 //! One FUSE mount per digest per node, under `<state-dir>/mounts/<hex>`, shared by every
 //! target through a read-only bind mount and reference counted by its targets. Publish and
-//! unpublish are idempotent. One lock orders all changes, so concurrent publishes of the same
-//! digest never mount it twice.
+//! unpublish are idempotent.
+//!
+//! Two kinds of lock. The driver's tables (`mounts`) are locked only for local work (the
+//! tables, bind mounts, unmounts), never across store I/O. A version's lock
+//! (`digest_locks`) is held while it is mounted, resumed or released, store I/O included:
+//! concurrent publishes of one digest fetch its manifest once and mount it once, and a
+//! publish stuck on the store holds up only publishes of the same digest.
 
 use std::collections::{BTreeSet, HashMap};
 use std::os::fd::AsFd;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
+use bytes::Bytes;
 use sealed_mount::{MountHandle, MountOptions, NodeCache};
 use sealed_store::{ChunkStore, Digest, StoreOptions};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
+use tokio::time::Instant;
 
+use crate::digest_locks::{DigestGuard, DigestLocks};
 use crate::error::CsiError;
 use crate::fd_holder::HolderClient;
+use crate::manifest_cache::{self, FetchFailure, ManifestCache};
 use crate::metrics::Metrics;
 use crate::mounts;
+use crate::store_access::{MountView, StoreSlot};
 use crate::targets::TargetRules;
+
+/// Default of [`DriverConfig::resume_deadline`].
+pub const DEFAULT_RESUME_DEADLINE: Duration = Duration::from_secs(120);
 
 /// Settings of the node plugin.
 #[derive(Clone, Debug)]
@@ -38,6 +53,10 @@ pub struct DriverConfig {
     pub fd_holder: Option<PathBuf>,
     /// kubelet's root directory: targets must be under `<kubelet-root>/pods` (see `targets`).
     pub kubelet_root: PathBuf,
+    /// How long a restarted plugin keeps trying to resume a held mount whose manifest it
+    /// has no copy of (the store is down), while that mount's readers wait; then it gives
+    /// up and aborts the mount's connection, so they get an error.
+    pub resume_deadline: Duration,
 }
 
 /// A validated publish request.
@@ -79,12 +98,19 @@ struct PublicationRecord {
 /// What [`Driver::recover`] found.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Recovery {
-    /// FUSE mounts served again through the fd the holder kept.
-    pub resumed: usize,
-    /// Targets of those mounts, published again.
+    /// FUSE mounts whose fd the holder kept, being served again in the background.
+    pub resuming: usize,
+    /// Targets of an earlier run still mounted, known again.
     pub targets: usize,
-    /// Mounts left by an earlier run that could not be resumed and were detached.
+    /// Mounts left by an earlier run without a held fd, detached.
     pub detached: usize,
+}
+
+/// A held mount to resume: its version, the holder's key, its directory.
+struct Held {
+    digest: Digest,
+    key: String,
+    dir: PathBuf,
 }
 
 struct VersionMount {
@@ -102,8 +128,11 @@ pub struct Driver {
     config: DriverConfig,
     cache: NodeCache,
     mount_options: MountOptions,
-    store: Mutex<Option<ChunkStore>>,
+    store: Arc<StoreSlot>,
+    manifests: ManifestCache,
+    /// Never held across store I/O (see the module's comment).
     mounts: Mutex<Mounts>,
+    digest_locks: DigestLocks,
     metrics: Arc<Metrics>,
     holder: Option<HolderClient>,
 }
@@ -117,12 +146,16 @@ impl Driver {
         let metrics = Arc::new(Metrics::new(cache.metrics().clone())?);
         let holder = config.fd_holder.as_ref().map(HolderClient::new);
         mount_options.restartable = holder.is_some();
+        let store = StoreSlot::new(config.store_url.clone(), config.store_options.clone());
+        let manifests = ManifestCache::new(&config.state_dir);
         Ok(Arc::new(Driver {
             config,
             cache,
             mount_options,
-            store: Mutex::new(None),
+            store,
+            manifests,
             mounts: Mutex::new(Mounts::default()),
+            digest_locks: DigestLocks::default(),
             metrics,
             holder,
         }))
@@ -198,10 +231,12 @@ impl Driver {
         records
     }
 
-    /// Takes over what a previous run of the plugin left: FUSE mounts whose fd the holder
-    /// kept are served again (pods reading them only paused) together with their targets;
-    /// every other leftover mount is detached, as [`Driver::clean_stale`] does.
-    pub async fn recover(&self) -> Result<Recovery, CsiError> {
+    /// Takes over what a previous run of the plugin left, without the store and without
+    /// waiting: the targets it published are known again, mounts nobody holds an fd of are
+    /// detached, and the mounts whose fd the holder kept are resumed in the background
+    /// (each under its version's lock, so a publish of that digest waits for it, while
+    /// everything else is served at once). Pods reading a held mount only pause.
+    pub async fn recover(self: &Arc<Self>) -> Result<Recovery, CsiError> {
         let mut report = Recovery::default();
         for dir in [
             self.config.state_dir.clone(),
@@ -210,144 +245,151 @@ impl Driver {
         ] {
             private_dir(&dir)?;
         }
+        self.manifests.prepare()?;
         let records = self.read_records();
-        let mut mounts = self.mounts.lock().await;
-        if let Some(holder) = self.holder.clone() {
-            let held = tokio::task::spawn_blocking(move || holder.list())
-                .await
-                .map_err(|e| CsiError::io("listing held fds", "", std::io::Error::other(e)))?;
-            match held {
-                Ok(held) => {
-                    for entry in held {
-                        if self
-                            .resume_held(&mut mounts, &entry.key, &entry.digest)
-                            .await
-                        {
-                            report.resumed += 1;
-                        }
-                    }
+        let mut held = Vec::new();
+        for entry in self.list_held().await {
+            match self.check_held(&entry.key, &entry.digest) {
+                Ok(h) => held.push(h),
+                Err(why) => {
+                    tracing::warn!(
+                        key = entry.key,
+                        digest = entry.digest,
+                        why,
+                        "not resuming a held mount"
+                    );
+                    self.drop_held(&entry.key).await;
                 }
-                Err(e) => tracing::warn!(error = %e,
-                    "fd holder not reachable: mounts of an earlier run cannot be resumed"),
             }
         }
-        for record in records {
-            let Ok(digest) = Digest::parse(&record.digest) else {
-                self.remove_record(&record.target);
-                continue;
-            };
-            let live = mounts::is_mount_point(&record.target);
-            match mounts.versions.get_mut(&digest) {
-                Some(version) if live => {
-                    version.targets.insert(record.target.clone());
-                    report.targets += 1;
-                }
-                _ if !live => {
+        let mut guards = Vec::with_capacity(held.len());
+        for h in &held {
+            guards.push(self.digest_locks.lock(h.digest).await);
+        }
+        {
+            let mut mounts = self.mounts.lock().await;
+            let live: BTreeSet<PathBuf> = mounts::mount_points().into_iter().collect();
+            for record in records {
+                let Ok(digest) = Digest::parse(&record.digest) else {
+                    self.remove_record(&record.target);
+                    continue;
+                };
+                if !live.contains(&mounts::absolute(&record.target)) {
                     self.remove_record(&record.target);
                     continue;
                 }
-                // Mounted onto a version that could not be resumed: kubelet's unpublish will
-                // take it down; the record lets it match the volume id.
-                _ => {}
+                // Attached to its version once that is resumed; if it is not, kubelet's
+                // unpublish takes the target down, and the record lets it match the volume id.
+                report.targets += 1;
+                mounts.targets.insert(
+                    record.target,
+                    Publication {
+                        volume_id: record.volume_id,
+                        digest,
+                        namespace: record.namespace,
+                    },
+                );
             }
-            mounts.targets.insert(
-                record.target,
-                Publication {
-                    volume_id: record.volume_id,
-                    digest,
-                    namespace: record.namespace,
-                },
-            );
+            self.metrics.set_counts(0, mounts.targets.len());
         }
-        // A resumed version no target uses any more (its pods went while the plugin was
-        // down) is released now; nothing else would.
-        let unused: Vec<Digest> = mounts
-            .versions
-            .iter()
-            .filter(|(_, v)| v.targets.is_empty())
-            .map(|(d, _)| *d)
-            .collect();
-        for digest in unused {
-            if let Some(v) = mounts.versions.remove(&digest) {
-                self.unmount_version(digest, v.handle).await;
-            }
-        }
-        let keep: BTreeSet<PathBuf> = mounts
-            .versions
-            .values()
-            .map(|v| v.handle.mountpoint().to_path_buf())
-            .collect();
+        let keep: BTreeSet<PathBuf> = held.iter().map(|h| h.dir.clone()).collect();
         report.detached = self.clean_stale_except(&keep)?;
-        self.metrics
-            .set_counts(mounts.versions.len(), mounts.targets.len());
-        self.metrics.add_resumed(report.resumed);
+        self.manifests
+            .retain(&held.iter().map(|h| h.digest).collect());
+        report.resuming = held.len();
         tracing::info!(
-            resumed = report.resumed,
+            resuming = report.resuming,
             targets = report.targets,
             detached = report.detached,
-            "recovered the mounts of an earlier run"
+            "took over the state of an earlier run; resuming its held mounts in the background"
         );
+        for (h, guard) in held.into_iter().zip(guards) {
+            let driver = self.clone();
+            tokio::spawn(async move { driver.resume_held(h, guard).await });
+        }
         Ok(report)
     }
 
-    /// Serves the held mount at `key` again; false (and the fd released) when it cannot be.
-    async fn resume_held(&self, mounts: &mut Mounts, key: &str, digest: &str) -> bool {
+    async fn list_held(&self) -> Vec<crate::fd_holder::HeldMount> {
         let Some(holder) = self.holder.clone() else {
-            return false;
+            return Vec::new();
         };
+        match tokio::task::spawn_blocking(move || holder.list()).await {
+            Ok(Ok(held)) => held,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "fd holder not reachable: mounts of an earlier run cannot be resumed");
+                Vec::new()
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "listing held fds failed");
+                Vec::new()
+            }
+        }
+    }
+
+    /// The held mount at `key` if it is one of this plugin's and still mounted.
+    fn check_held(&self, key: &str, digest: &str) -> Result<Held, &'static str> {
         let dir = PathBuf::from(key);
         let ours = dir.parent() == Some(self.mounts_dir().as_path());
-        let parsed = Digest::parse(digest).ok();
-        let release = |why: &str| {
-            tracing::warn!(key, digest, why, "not resuming a held mount");
-            let holder = holder.clone();
-            let key = key.to_string();
-            async move {
-                let _ = tokio::task::spawn_blocking(move || holder.drop_fd(&key)).await;
-            }
-        };
-        let Some(digest) = parsed.filter(|d| ours && dir.ends_with(d.hex())) else {
-            release("not a mount of this plugin").await;
-            return false;
-        };
+        let digest = Digest::parse(digest)
+            .ok()
+            .filter(|d| ours && dir.ends_with(d.hex()))
+            .ok_or("not a mount of this plugin")?;
         if !mounts::is_mount_point(&dir) {
-            release("no longer mounted").await;
-            return false;
+            return Err("no longer mounted");
         }
-        let key_owned = key.to_string();
+        Ok(Held {
+            digest,
+            key: key.to_string(),
+            dir,
+        })
+    }
+
+    async fn drop_held(&self, key: &str) {
+        if let Some(holder) = self.holder.clone() {
+            let key = key.to_string();
+            let _ = tokio::task::spawn_blocking(move || holder.drop_fd(&key)).await;
+        }
+    }
+
+    /// Serves a held mount again, from the kept manifest (no store needed), else from the
+    /// store's, tried until [`DriverConfig::resume_deadline`]. When it cannot be resumed,
+    /// its connection is aborted (every fd of it closed) and it is detached, so that its
+    /// readers get an error instead of waiting for ever.
+    async fn resume_held(self: Arc<Self>, held: Held, _guard: DigestGuard) {
+        let started = Instant::now();
+        let Held { digest, key, dir } = held;
+        let Some(holder) = self.holder.clone() else {
+            return;
+        };
         let fetched = {
-            let holder = holder.clone();
-            tokio::task::spawn_blocking(move || holder.get(&key_owned)).await
+            let key = key.clone();
+            tokio::task::spawn_blocking(move || holder.get(&key)).await
         };
         let fd = match fetched {
             Ok(Ok(Some((_, fd)))) => fd,
-            Ok(Ok(None)) => return false,
+            Ok(Ok(None)) => {
+                // Nobody holds its fd any more: its connection has ended already.
+                tracing::warn!(%digest, key, "the holder no longer has this mount; detaching it");
+                self.abandon(&digest, &key, &dir, None).await;
+                return;
+            }
             Ok(Err(e)) => {
-                tracing::warn!(key, error = %e, "cannot take a held fd back");
-                return false;
+                tracing::error!(%digest, key, error = %e, "cannot take a held fd back");
+                self.abandon(&digest, &key, &dir, None).await;
+                return;
             }
             Err(e) => {
-                tracing::warn!(key, error = %e, "cannot take a held fd back");
-                return false;
+                tracing::error!(%digest, key, error = %e, "cannot take a held fd back");
+                self.abandon(&digest, &key, &dir, None).await;
+                return;
             }
         };
-        // The store holds the manifest the mount is rebuilt from; give it a moment to be
-        // reachable (a node restarting everything at once), since reads wait meanwhile.
-        let mut store = self.store().await;
-        for _ in 0..10 {
-            if store.is_ok() {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_secs(3)).await;
-            store = self.store().await;
-        }
-        let store = match store {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!(%digest, error = %e, "store unreachable: cannot resume the mount");
-                return false;
-            }
+        let Some(manifest) = self.manifest_for_resume(&digest, started).await else {
+            self.abandon(&digest, &key, &dir, Some(fd)).await;
+            return;
         };
+        let store = MountView::chunk_store(digest, manifest, self.store.clone());
         let resumed = MountHandle::resume(
             store,
             digest,
@@ -357,22 +399,93 @@ impl Driver {
             self.mount_options.clone(),
         )
         .await;
-        match resumed {
-            Ok(handle) => {
-                mounts.versions.insert(
-                    digest,
-                    VersionMount {
-                        handle,
-                        targets: BTreeSet::new(),
-                    },
-                );
-                true
-            }
+        let handle = match resumed {
+            Ok(handle) => handle,
             Err(e) => {
                 tracing::error!(%digest, error = %e, "cannot resume the mount");
-                false
+                self.abandon(&digest, &key, &dir, None).await;
+                return;
             }
+        };
+        self.metrics.add_resumed(1);
+        let mut mounts = self.mounts.lock().await;
+        let live: BTreeSet<PathBuf> = mounts::mount_points().into_iter().collect();
+        let targets: BTreeSet<PathBuf> = mounts
+            .targets
+            .iter()
+            .filter(|(t, p)| p.digest == digest && live.contains(&mounts::absolute(t)))
+            .map(|(t, _)| t.clone())
+            .collect();
+        tracing::info!(%digest, targets = targets.len(),
+            took_ms = started.elapsed().as_millis() as u64, "resumed a held mount");
+        if targets.is_empty() {
+            // Its pods went while the plugin was down; nothing else would release it.
+            self.unmount_version(digest, handle).await;
+        } else {
+            mounts
+                .versions
+                .insert(digest, VersionMount { handle, targets });
         }
+        self.metrics
+            .set_counts(mounts.versions.len(), mounts.targets.len());
+    }
+
+    /// The manifest of a held mount: the kept copy, else the store's (its normal key or the
+    /// trash: a version deleted while mounted is still served to its pods), tried until
+    /// the deadline.
+    async fn manifest_for_resume(&self, digest: &Digest, started: Instant) -> Option<Bytes> {
+        if let Some(bytes) = self.manifests.read(digest) {
+            return Some(bytes);
+        }
+        tracing::warn!(%digest, "no kept manifest for a held mount (made by an older plugin?); asking the store");
+        let deadline = started + self.config.resume_deadline;
+        let mut pause = Duration::from_millis(500);
+        loop {
+            let attempt = async {
+                let store = self.store.get().await.map_err(|e| match e {
+                    e @ sealed_store::Error::InvalidStoreUrl { .. } => FetchFailure::Answered(e),
+                    other => FetchFailure::Unreachable(other),
+                })?;
+                manifest_cache::fetch(&store, digest, true).await
+            };
+            let why = match tokio::time::timeout_at(deadline, attempt).await {
+                Ok(Ok(bytes)) => {
+                    self.manifests.write(digest, &bytes);
+                    return Some(bytes);
+                }
+                Ok(Err(FetchFailure::Answered(e))) => {
+                    tracing::error!(%digest, error = %e, "the store has no manifest for a held mount");
+                    return None;
+                }
+                Ok(Err(FetchFailure::Unreachable(e))) => e.to_string(),
+                Err(_) => "no answer".to_string(),
+            };
+            if Instant::now() + pause >= deadline {
+                tracing::error!(%digest, error = why, deadline_s = self.config.resume_deadline.as_secs(),
+                    "store unreachable until the resume deadline: giving up on a held mount");
+                return None;
+            }
+            tracing::warn!(%digest, error = why, "store unreachable; retrying the manifest of a held mount");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(10));
+        }
+    }
+
+    /// Gives up on a held mount: closes every fd of its FUSE connection (ours and the
+    /// holder's), which aborts it, so waiting and later reads fail (ENOTCONN) instead of
+    /// hanging, and detaches it. Its targets stay until kubelet unpublishes them.
+    async fn abandon(&self, digest: &Digest, key: &str, dir: &Path, fd: Option<OwnedFd>) {
+        tracing::error!(%digest, dir = %dir.display(),
+            "aborting a held mount that cannot be resumed: its readers get an error");
+        drop(fd);
+        self.drop_held(key).await;
+        let dir = dir.to_path_buf();
+        let _ = tokio::task::spawn_blocking(move || {
+            let _ = sealed_mount::unmount(&dir, true);
+            let _ = std::fs::remove_dir(&dir);
+        })
+        .await;
+        self.manifests.remove(digest);
     }
 
     /// Puts every mount's fd with the holder again, if it lost them (it restarted), and
@@ -475,21 +588,13 @@ impl Driver {
     /// The store, opened on first use: a store that is down when the plugin starts must not
     /// keep the plugin from serving, and must not be remembered as down.
     pub async fn store(&self) -> Result<ChunkStore, CsiError> {
-        let mut slot = self.store.lock().await;
-        if let Some(store) = &*slot {
-            return Ok(store.clone());
-        }
-        let store = ChunkStore::open(&self.config.store_url, &self.config.store_options)
-            .await
-            .map_err(|e| match e {
-                sealed_store::Error::InvalidStoreUrl { .. } => CsiError::Store(e),
-                other => CsiError::StoreUnreachable {
-                    store: self.config.store_url.clone(),
-                    reason: other.to_string(),
-                },
-            })?;
-        *slot = Some(store.clone());
-        Ok(store)
+        self.store.get().await.map_err(|e| match e {
+            sealed_store::Error::InvalidStoreUrl { .. } => CsiError::Store(e),
+            other => CsiError::StoreUnreachable {
+                store: self.config.store_url.clone(),
+                reason: other.to_string(),
+            },
+        })
     }
 
     /// `InvalidArgument` unless `target` is a place kubelet publishes volumes to (under
@@ -513,56 +618,80 @@ impl Driver {
         set.into_iter().collect()
     }
 
-    /// Mounts `digest` (once per node) and bind-mounts it read-only onto the target.
+    /// Mounts `digest` (once per node) and bind-mounts it read-only onto the target. A
+    /// version not mounted yet is mounted under its own lock only: the driver's tables are
+    /// free meanwhile, however long the store takes.
     pub async fn publish(&self, req: Publish) -> Result<(), CsiError> {
         self.check_target(&req.target)?;
+        let _version = self.digest_locks.lock(req.digest).await;
+        {
+            let mut mounts = self.mounts.lock().await;
+            if already_published(&mounts, &req)? {
+                tracing::debug!(target = %req.target.display(), "already published");
+                return Ok(());
+            }
+            self.replace_ended(&mut mounts, &req.digest).await;
+            if mounts.versions.contains_key(&req.digest) {
+                let result = self.bind_locked(&mut mounts, req, false).await;
+                self.metrics
+                    .set_counts(mounts.versions.len(), mounts.targets.len());
+                return result;
+            }
+        }
+        let handle = self.mount_version(&req.digest).await?;
+        // Best effort: a mount the holder lacks is counted (and retried) by `refresh_holder`.
+        self.hold(&handle, &req.digest).await;
         let mut mounts = self.mounts.lock().await;
-        let result = self.publish_locked(&mut mounts, req).await;
+        let result = match already_published(&mounts, &req) {
+            Ok(false) => {
+                mounts.versions.insert(
+                    req.digest,
+                    VersionMount {
+                        handle,
+                        targets: BTreeSet::new(),
+                    },
+                );
+                self.bind_locked(&mut mounts, req, true).await
+            }
+            // The target was published meanwhile: the new mount has no target.
+            other => {
+                self.unmount_version(req.digest, handle).await;
+                other.map(drop)
+            }
+        };
         self.metrics
             .set_counts(mounts.versions.len(), mounts.targets.len());
         result
     }
 
-    async fn publish_locked(&self, mounts: &mut Mounts, req: Publish) -> Result<(), CsiError> {
-        if let Some(existing) = mounts.targets.get(&req.target) {
-            if existing.volume_id == req.volume_id && existing.digest == req.digest {
-                tracing::debug!(target = %req.target.display(), "already published");
-                return Ok(());
-            }
-            return Err(CsiError::TargetInUse {
-                path: req.target.clone(),
-                existing: format!("{} ({})", existing.volume_id, existing.digest),
-                requested: format!("{} ({})", req.volume_id, req.digest),
-            });
-        }
-
-        // A FUSE mount that someone else ended (umount by hand) is replaced.
+    /// A FUSE mount that someone else ended (umount by hand) is dropped, to be mounted again.
+    async fn replace_ended(&self, mounts: &mut Mounts, digest: &Digest) {
         let ended = mounts
             .versions
-            .get(&req.digest)
+            .get(digest)
             .is_some_and(|v| v.handle.has_ended());
-        if ended && let Some(old) = mounts.versions.remove(&req.digest) {
-            tracing::warn!(digest = %req.digest, "FUSE mount had ended; mounting again");
+        if ended && let Some(old) = mounts.versions.remove(digest) {
+            tracing::warn!(%digest, "FUSE mount had ended; mounting again");
             let _ = old.handle.unmount().await;
         }
-        let mounted_here = !mounts.versions.contains_key(&req.digest);
-        if mounted_here {
-            let handle = self.mount_version(&req.digest).await?;
-            // Best effort: a mount the holder lacks is counted (and retried) by
-            // `refresh_holder`.
-            self.hold(&handle, &req.digest).await;
-            mounts.versions.insert(
-                req.digest,
-                VersionMount {
-                    handle,
-                    targets: BTreeSet::new(),
-                },
-            );
-        }
-        let source = mounts.versions[&req.digest]
-            .handle
-            .mountpoint()
-            .to_path_buf();
+    }
+
+    /// Bind-mounts the (mounted) version onto the target and records it. `mounted_here`:
+    /// the version was mounted for this request, and goes again if the bind fails.
+    async fn bind_locked(
+        &self,
+        mounts: &mut Mounts,
+        req: Publish,
+        mounted_here: bool,
+    ) -> Result<(), CsiError> {
+        let Some(version) = mounts.versions.get(&req.digest) else {
+            return Err(CsiError::io(
+                "bind-mounting",
+                &req.target,
+                std::io::Error::other("the version is not mounted"),
+            ));
+        };
+        let source = version.handle.mountpoint().to_path_buf();
         // Written down before the bind, so that a crash right after it cannot leave a target
         // a restarted plugin does not know (a record without a mount is dropped at start).
         self.write_record(&req.target, &req.volume_id, &req.digest, &req.namespace);
@@ -584,12 +713,9 @@ impl Driver {
             }
             return Err(e);
         }
-        mounts
-            .versions
-            .get_mut(&req.digest)
-            .expect("mounted above")
-            .targets
-            .insert(req.target.clone());
+        if let Some(version) = mounts.versions.get_mut(&req.digest) {
+            version.targets.insert(req.target.clone());
+        }
         tracing::info!(
             volume_id = %req.volume_id,
             digest = %req.digest,
@@ -608,7 +734,8 @@ impl Driver {
     }
 
     /// Unmounts the target; the FUSE mount goes with its last target. A target that is not
-    /// published (any more) is a success, as the spec asks.
+    /// published (any more) is a success, as the spec asks. Never waits for the store: it
+    /// takes only the driver's tables, which no store I/O holds.
     pub async fn unpublish(&self, volume_id: &str, target: &Path) -> Result<(), CsiError> {
         // Never unmount or remove anything outside kubelet's pod directories.
         self.check_target(target)?;
@@ -690,13 +817,34 @@ impl Driver {
         (mounts.versions.len(), mounts.targets.len())
     }
 
+    /// Mounts `digest` from its kept manifest, else from the store's (fetched once, kept).
+    /// The caller holds the version's lock.
     async fn mount_version(&self, digest: &Digest) -> Result<MountHandle, CsiError> {
-        let store = self.store().await?;
+        let manifest = match self.manifests.read(digest) {
+            Some(bytes) => bytes,
+            None => {
+                let store = self.store().await?;
+                // Not the trash: a deleted version is not mounted anew.
+                let bytes =
+                    manifest_cache::fetch(&store, digest, false)
+                        .await
+                        .map_err(|f| match f {
+                            FetchFailure::Unreachable(e) => CsiError::StoreUnreachable {
+                                store: self.config.store_url.clone(),
+                                reason: e.to_string(),
+                            },
+                            FetchFailure::Answered(e) => CsiError::Store(e),
+                        })?;
+                self.manifests.write(digest, &bytes);
+                bytes
+            }
+        };
         let dir = self.mounts_dir().join(digest.hex());
         if mounts::is_mount_point(&dir) {
             let _ = sealed_mount::unmount(&dir, true);
         }
         std::fs::create_dir_all(&dir).map_err(|e| CsiError::io("creating", &dir, e))?;
+        let store = MountView::chunk_store(*digest, manifest, self.store.clone());
         let handle = MountHandle::spawn(
             store,
             *digest,
@@ -705,22 +853,11 @@ impl Driver {
             self.mount_options.clone(),
         )
         .await;
-        match handle {
-            Ok(h) => Ok(h),
-            Err(e) => {
-                let _ = std::fs::remove_dir(&dir);
-                Err(match e {
-                    sealed_mount::MountError::Store(
-                        s @ (sealed_store::Error::Backend { .. }
-                        | sealed_store::Error::Timeout { .. }),
-                    ) => CsiError::StoreUnreachable {
-                        store: self.config.store_url.clone(),
-                        reason: s.to_string(),
-                    },
-                    other => other.into(),
-                })
-            }
-        }
+        handle.map_err(|e| {
+            let _ = std::fs::remove_dir(&dir);
+            self.manifests.remove(digest);
+            CsiError::from(e)
+        })
     }
 
     async fn unmount_version(&self, digest: Digest, handle: MountHandle) {
@@ -733,7 +870,24 @@ impl Driver {
             tracing::warn!(%digest, error = %e, "unmounting the FUSE mount failed");
         }
         let _ = std::fs::remove_dir(&dir);
+        self.manifests.remove(&digest);
         tracing::info!(%digest, "FUSE mount released");
+    }
+}
+
+/// Whether `req` is published already (true), or its target is free (false); a target
+/// published for another volume or version is `TargetInUse`.
+fn already_published(mounts: &Mounts, req: &Publish) -> Result<bool, CsiError> {
+    match mounts.targets.get(&req.target) {
+        None => Ok(false),
+        Some(existing) if existing.volume_id == req.volume_id && existing.digest == req.digest => {
+            Ok(true)
+        }
+        Some(existing) => Err(CsiError::TargetInUse {
+            path: req.target.clone(),
+            existing: format!("{} ({})", existing.volume_id, existing.digest),
+            requested: format!("{} ({})", req.volume_id, req.digest),
+        }),
     }
 }
 

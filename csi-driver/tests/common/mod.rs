@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod outage;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;

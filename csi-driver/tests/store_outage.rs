@@ -1,0 +1,319 @@
+//! The node plugin while the store hangs (moto behind a proxy that stops answering, see
+//! `common::outage`), with real FUSE, the real plugin and fd-holder binaries:
+//!
+//! - a plugin restarted while the store is down serves at once (socket, `/healthz`),
+//!   resumes its held mount from the manifest it kept, reads of cached data go on, a read
+//!   that needs the store fails (EIO) within the fetch bound instead of hanging, and the
+//!   mount survives a second restart and works fully once the store is back;
+//! - an unpublish never waits behind a publish stuck on the store.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::outage::{Moto, StoreProxy, start_moto};
+use common::{FdHolder, Plugin, can_mount};
+use sealed_csi::csi::NodeUnpublishVolumeRequest;
+use sealed_csi::csi::node_client::NodeClient;
+use sealed_store::push::{PushOptions, push};
+use sealed_store::{ChunkStore, Digest, NoProgress, StoreOptions};
+
+const BUCKET: &str = "sealed";
+
+/// Per-attempt store timeout and retries the plugins run with: a read that needs the store
+/// fails after about 2 × 2 s (plus a short backoff).
+const STORE_TIMEOUT_S: u64 = 2;
+const STORE_RETRIES: u32 = 1;
+
+/// Bytes nobody else has: `seed` makes each file's chunks its own.
+fn bytes(len: usize, seed: u32) -> Vec<u8> {
+    (0..len as u32)
+        .map(|i| (i.wrapping_add(seed).wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect()
+}
+
+/// A version with a file the test reads before the outage and one it does not, pushed to
+/// a file store under `dir` and copied into moto's bucket.
+async fn push_version(moto: &Moto, dir: &Path, name: &str, seed: u32) -> Digest {
+    let tree = dir.join(format!("tree-{name}"));
+    std::fs::create_dir_all(&tree).unwrap();
+    std::fs::write(tree.join("config.json"), format!(r#"{{"model":"{name}"}}"#)).unwrap();
+    std::fs::write(tree.join("read.bin"), bytes(2_000_000, seed)).unwrap();
+    std::fs::write(
+        tree.join("unread.bin"),
+        bytes(2_000_000, seed ^ 0x5555_5555),
+    )
+    .unwrap();
+    let store_dir = dir.join(format!("store-{name}"));
+    std::fs::create_dir_all(&store_dir).unwrap();
+    let url = format!("file://{}", store_dir.display());
+    let store = ChunkStore::open(&url, &StoreOptions::default())
+        .await
+        .unwrap();
+    let report = push(&store, &tree, &PushOptions::default(), Arc::new(NoProgress))
+        .await
+        .unwrap();
+    moto.upload_file_store(&store_dir, BUCKET);
+    report.digest
+}
+
+fn store_args(proxy: &StoreProxy) -> Vec<String> {
+    vec![
+        format!("--store-endpoint={}", proxy.endpoint()),
+        "--store-region=us-east-1".into(),
+        format!("--store-timeout={STORE_TIMEOUT_S}"),
+        format!("--store-retries={STORE_RETRIES}"),
+    ]
+}
+
+/// Reads `path` in a child process (its pages dropped first, so the read goes through
+/// FUSE): its SHA-256, or the error; SIGKILLed after `limit` (reported as a hang).
+fn read_file(path: &Path, limit: Duration) -> Result<String, String> {
+    const READ: &str = r#"
+import hashlib, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+h = hashlib.sha256()
+try:
+    while True:
+        b = os.read(fd, 1 << 20)
+        if not b:
+            break
+        h.update(b)
+except OSError as e:
+    print("error: %s" % e)
+    sys.exit(1)
+print(h.hexdigest())
+"#;
+    let out = Command::new("timeout")
+        .args(["-s", "KILL", &format!("{}", limit.as_secs())])
+        .arg("python3")
+        .arg("-c")
+        .arg(READ)
+        .arg(path)
+        .output()
+        .expect("run python3");
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    match out.status.code() {
+        Some(0) => Ok(text),
+        Some(1) => Err(text),
+        _ => Err(format!(
+            "hung: killed after {} s ({})",
+            limit.as_secs(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+    }
+}
+
+fn sha256(data: &[u8]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f");
+    std::fs::write(&path, data).unwrap();
+    let out = Command::new("sha256sum").arg(&path).output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// `/healthz` answers 200 within `limit` of `since`: how long it took.
+fn healthy_within(addr: std::net::SocketAddr, since: Instant, limit: Duration) -> Duration {
+    loop {
+        let (status, body) = common::http_get(addr, "/healthz");
+        if status == 200 {
+            return since.elapsed();
+        }
+        assert!(
+            since.elapsed() < limit,
+            "/healthz not healthy {limit:?} after the start: {status} {body}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_while_the_store_hangs_resumes_held_mounts_and_bounds_reads() {
+    if !can_mount() {
+        eprintln!("SKIPPED: needs root and /dev/fuse to mount FUSE");
+        return;
+    }
+    let Some(moto) = start_moto(BUCKET) else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let digest = push_version(&moto, work.path(), "restart-outage", 7).await;
+    let proxy = StoreProxy::start(moto.port);
+    let holder = FdHolder::start(&work.path().join("fd-holder.sock"));
+    let metrics_addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut args = store_args(&proxy);
+    args.push(format!("--fd-holder={}", holder.socket.display()));
+    args.push(format!("--metrics-addr={metrics_addr}"));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let store_url = format!("s3://{BUCKET}");
+
+    let plugin = Plugin::start(&store_url, &args);
+    let target = plugin.pods().join("a/volume");
+    let mut client = NodeClient::new(plugin.channel().await);
+    client
+        .node_publish_volume(common::publish_digest("vol", &target, &digest.to_string()))
+        .await
+        .expect("publish while the store answers");
+    let tree = work.path().join("tree-restart-outage");
+    let read_sha = sha256(&std::fs::read(tree.join("read.bin")).unwrap());
+    let unread_sha = sha256(&std::fs::read(tree.join("unread.bin")).unwrap());
+    assert_eq!(
+        read_file(&target.join("read.bin"), Duration::from_secs(30)).as_deref(),
+        Ok(read_sha.as_str())
+    );
+    // The chunks just read reach the node disk cache off the readers' path.
+    std::thread::sleep(Duration::from_secs(2));
+
+    // The store hangs, and the plugin dies: twice.
+    proxy.down();
+    let mut plugin = plugin;
+    for round in 1..=2 {
+        let home = plugin.crash();
+        let started = Instant::now();
+        plugin = Plugin::start_in(home, &store_url, &args);
+        let socket_in = started.elapsed();
+        let healthy_in = healthy_within(metrics_addr, started, Duration::from_secs(10));
+        eprintln!("restart {round}: socket after {socket_in:?}, /healthz 200 after {healthy_in:?}");
+
+        // Cached data: read through the resumed mount without the store.
+        let read = read_file(&target.join("read.bin"), Duration::from_secs(20));
+        assert_eq!(
+            read.as_deref(),
+            Ok(read_sha.as_str()),
+            "restart {round}: cached data through the resumed mount; log:\n{}",
+            plugin.log()
+        );
+        // Data only the store has: an error within the fetch bound, not a hang.
+        let asked = Instant::now();
+        let unread = read_file(&target.join("unread.bin"), Duration::from_secs(20));
+        let took = asked.elapsed();
+        let error = unread.expect_err("a read that needs a hanging store cannot succeed");
+        assert!(
+            error.contains("Input/output error"),
+            "restart {round}: EIO, not {error:?}; log:\n{}",
+            plugin.log()
+        );
+        assert!(
+            took < Duration::from_secs(15),
+            "restart {round}: the failing read took {took:?}"
+        );
+        eprintln!("restart {round}: uncached read failed after {took:?}: {error}");
+    }
+    let page = common::http_get(metrics_addr, "/metrics").1;
+    assert_eq!(
+        common::sample(&page, "sealed_csi_mounts_resumed_total"),
+        Some(1.0),
+        "the second restart resumed the mount too"
+    );
+    assert_eq!(
+        common::sample(&page, "sealed_csi_published_volumes"),
+        Some(1.0)
+    );
+
+    // The store is back: the same mount serves everything, nothing stays broken.
+    proxy.up();
+    let started = Instant::now();
+    loop {
+        match read_file(&target.join("unread.bin"), Duration::from_secs(20)) {
+            Ok(sha) => {
+                assert_eq!(sha, unread_sha);
+                break;
+            }
+            Err(e) => assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "reads still fail 30 s after the store came back: {e}"
+            ),
+        }
+    }
+    let mut client = NodeClient::new(plugin.channel().await);
+    client
+        .node_unpublish_volume(NodeUnpublishVolumeRequest {
+            volume_id: "vol".into(),
+            target_path: target.display().to_string(),
+        })
+        .await
+        .expect("unpublish");
+    assert!(!sealed_csi::mounts::is_mount_point(&target));
+    assert!(holder.client().list().expect("list").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unpublish_does_not_wait_for_a_publish_stuck_on_the_store() {
+    if !can_mount() {
+        eprintln!("SKIPPED: needs root and /dev/fuse to mount FUSE");
+        return;
+    }
+    let Some(moto) = start_moto(BUCKET) else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let a = push_version(&moto, work.path(), "lock-a", 11).await;
+    let b = push_version(&moto, work.path(), "lock-b", 13).await;
+    let proxy = StoreProxy::start(moto.port);
+    let args = store_args(&proxy);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let plugin = Plugin::start(&format!("s3://{BUCKET}"), &args);
+    let target_a = plugin.pods().join("a/volume");
+    let target_b = plugin.pods().join("b/volume");
+    let mut client = NodeClient::new(plugin.channel().await);
+    client
+        .node_publish_volume(common::publish_digest("vol-a", &target_a, &a.to_string()))
+        .await
+        .expect("publish A while the store answers");
+
+    proxy.down();
+    let mut stuck_client = NodeClient::new(plugin.channel().await);
+    let request = common::publish_digest("vol-b", &target_b, &b.to_string());
+    let stuck = tokio::spawn(async move {
+        let result = stuck_client.node_publish_volume(request).await;
+        (result, Instant::now())
+    });
+    // The publish of B is in the plugin, waiting for the store.
+    let started = Instant::now();
+    while !plugin.log().contains("volume_id=vol-b") {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "publish B never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!stuck.is_finished(), "publish B did not wait for the store");
+
+    let asked = Instant::now();
+    client
+        .node_unpublish_volume(NodeUnpublishVolumeRequest {
+            volume_id: "vol-a".into(),
+            target_path: target_a.display().to_string(),
+        })
+        .await
+        .expect("unpublish A");
+    let unpublished = Instant::now();
+    let took = unpublished - asked;
+    assert!(!sealed_csi::mounts::is_mount_point(&target_a));
+
+    let (result, publish_done) = stuck.await.unwrap();
+    let status = result.expect_err("publish B cannot succeed while the store hangs");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    eprintln!(
+        "unpublish A took {took:?}; publish B failed {:?} after it: {}",
+        publish_done.saturating_duration_since(unpublished),
+        status.message()
+    );
+    assert!(
+        unpublished < publish_done,
+        "unpublish A finished only after the stuck publish of B gave up ({took:?})"
+    );
+    assert!(took < Duration::from_secs(2), "unpublish A took {took:?}");
+}
