@@ -42,8 +42,9 @@ pub enum FetchError {
         actual: u64,
     },
     #[error(
-        "chunk {digest}: store {store} failed moments ago, so it is not asked again for \
-         {retry_in:?} (circuit breaker; reads fail at once meanwhile instead of waiting)"
+        "chunk {digest}: store {store} failed moments ago, so reads of uncached data fail at \
+         once instead of waiting on it again (circuit breaker: next probe in {retry_in:?}, or \
+         one is under way)"
     )]
     StoreFailing {
         digest: Digest,

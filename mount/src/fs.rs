@@ -269,7 +269,10 @@ impl SealedFs {
             .map(move |c| async move { cache.get_with(store, &c, Some(slots)).await })
             .buffered(self.fetches_per_read);
         let want = usize::try_from(end - offset).unwrap_or(0);
-        let mut out = BytesMut::new();
+        let mut out = match wanted.len() {
+            1 => BytesMut::new(),
+            _ => BytesMut::with_capacity(want),
+        };
         for (i, chunk) in range.zip(wanted) {
             let data = match fetched.next().await {
                 Some(result) => result?,
@@ -296,9 +299,6 @@ impl SealedFs {
             // A read inside one chunk is zero-copy.
             if wanted.len() == 1 {
                 return Ok(piece);
-            }
-            if out.capacity() == 0 {
-                out.reserve(want);
             }
             out.extend_from_slice(&piece);
         }
