@@ -9,6 +9,7 @@ use sealed_crds::attestation::AttestationKey;
 use sealed_store::ChunkStore;
 
 use crate::config::OperatorConfig;
+use crate::guard::PanicBackoff;
 use crate::metrics::Metrics;
 use crate::sync::inline::InlineExecutor;
 use crate::sync::job::JobExecutor;
@@ -25,6 +26,8 @@ pub struct Context {
     pub executor: Executor,
     /// Attests the versions the operator makes (`crate::attestation`).
     pub attestation: AttestationKey,
+    /// Panics in a row per object, for their requeue (`crate::guard`).
+    pub panics: PanicBackoff,
 }
 
 /// Where syncs run (see [`crate::config::SyncExecutor`]).
@@ -58,6 +61,7 @@ impl Context {
             recorder,
             executor,
             attestation,
+            panics: PanicBackoff::default(),
         }
     }
 

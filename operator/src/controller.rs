@@ -1,6 +1,7 @@
 //! Wires the reconcilers to the API server: one controller for SealedVolumes (woken by
 //! their versions and their sync Jobs), one for SealedVolumeVersions,
-//! and the garbage collection loop.
+//! and the garbage collection loop. Every reconcile runs inside [`guard`], so a panic is
+//! an error of its object, never the end of the process.
 
 use std::sync::Arc;
 
@@ -18,7 +19,7 @@ use crate::context::{Context, Executor};
 use crate::metrics::Metrics;
 use crate::sync::inline::InlineExecutor;
 use crate::sync::job::{JobExecutor, LABEL_VOLUME_NAME, LABEL_VOLUME_NAMESPACE};
-use crate::{gc_loop, version, volume};
+use crate::{gc_loop, guard, version, volume};
 
 /// Runs the controllers until the process is asked to stop.
 pub async fn run(
@@ -78,7 +79,11 @@ pub async fn run(
     }
     let volume_loop = volume_controller
         .shutdown_on_signal()
-        .run(volume::reconcile, volume::error_policy, ctx.clone())
+        .run(
+            |v, ctx| guard::reconcile_guarded(v, ctx, volume::reconcile),
+            volume::error_policy,
+            ctx.clone(),
+        )
         .for_each(|result| async move {
             if let Err(e) = result {
                 tracing::debug!(error = %e, "SealedVolume reconcile");
@@ -86,7 +91,11 @@ pub async fn run(
         });
     let version_loop = Controller::new(versions, watcher::Config::default())
         .shutdown_on_signal()
-        .run(version::reconcile, version::error_policy, ctx.clone())
+        .run(
+            |v, ctx| guard::reconcile_guarded(v, ctx, version::reconcile),
+            version::error_policy,
+            ctx.clone(),
+        )
         .for_each(|result| async move {
             if let Err(e) = result {
                 tracing::debug!(error = %e, "SealedVolumeVersion reconcile");

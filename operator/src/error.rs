@@ -22,6 +22,10 @@ pub enum Error {
 
     #[error("finalizer of {object}: {message}")]
     Finalizer { object: String, message: String },
+
+    /// The reconcile panicked (a bug); caught by `crate::guard`, retried with a backoff.
+    #[error("{object}: reconcile panicked: {message}")]
+    Panicked { object: String, message: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -7,6 +7,7 @@ pub mod context;
 pub mod controller;
 pub mod error;
 pub mod gc_loop;
+pub mod guard;
 pub mod http;
 pub mod metrics;
 pub mod publications;

@@ -206,9 +206,15 @@ fn store_failure_kind(e: &anyhow::Error, store_url: &str) -> String {
     }
 }
 
+/// A duration flag: 0 to 876000h; clap's message names the flag and the value, this one
+/// what is wrong and the range.
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    sealed_crds::validate::parse_duration(s)
-        .ok_or_else(|| format!("{s:?} is not a duration such as 1h, 30m, 90s or 0"))
+    sealed_crds::validate::parse_duration_checked(s).map_err(|e| {
+        format!(
+            "{e}; allowed: 0 to {} (100 years)",
+            sealed_crds::validate::MAX_DURATION_TEXT
+        )
+    })
 }
 
 fn init_logging(json: bool) {

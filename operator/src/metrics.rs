@@ -5,6 +5,7 @@ use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 pub struct Metrics {
     pub registry: Registry,
     pub reconciles: IntCounterVec,
+    pub reconcile_panics: IntCounterVec,
     pub syncs_started: IntCounter,
     pub syncs_finished: IntCounterVec,
     pub syncs_running: IntGauge,
@@ -45,6 +46,11 @@ impl Metrics {
                 "reconciles_total",
                 "Reconciles by kind and result",
                 &["kind", "result"],
+            ),
+            reconcile_panics: vec(
+                "reconcile_panics_total",
+                "Reconciles that panicked (a bug), caught and retried with a backoff, by kind",
+                &["kind"],
             ),
             syncs_started: counter("syncs_started_total", "Syncs started"),
             syncs_finished: vec(

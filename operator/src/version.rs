@@ -9,6 +9,9 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::{Api, Resource, ResourceExt};
+use sealed_crds::validate::{
+    DurationError, MAX_DURATION, MAX_DURATION_TEXT, parse_duration_checked,
+};
 use sealed_crds::{
     CONDITION_READY, Condition, SealedVolume, SealedVolumeVersion, VOLUME_LABEL, set_condition,
 };
@@ -58,17 +61,41 @@ pub async fn reconcile(version: Arc<SealedVolumeVersion>, ctx: Arc<Context>) -> 
     result
 }
 
-pub fn error_policy(
-    version: Arc<SealedVolumeVersion>,
-    error: &Error,
-    _ctx: Arc<Context>,
-) -> Action {
+pub fn error_policy(version: Arc<SealedVolumeVersion>, error: &Error, ctx: Arc<Context>) -> Action {
     if matches!(error, Error::InUse { .. }) {
         tracing::info!(version = %version.name_any(), %error, "waiting; looking again in 30s");
     } else {
-        tracing::warn!(version = %version.name_any(), %error, "reconcile failed; retrying in 30s");
+        tracing::warn!(version = %version.name_any(), %error, "reconcile failed; retrying");
     }
-    Action::requeue(Duration::from_secs(30))
+    crate::guard::requeue_after(
+        &ctx,
+        &crate::guard::object_key(version.as_ref()),
+        error,
+        Duration::from_secs(30),
+    )
+}
+
+/// The volume's `spec.retention.deletedVersions`, or the retention used instead and why: the
+/// longest allowed ([`MAX_DURATION`]) for a value over it (what its writer wanted is "long"),
+/// the default for one that is not a duration. Never a panic, whatever the API server let in.
+fn retention_of(volume: &SealedVolume) -> std::result::Result<Duration, (Duration, String)> {
+    let value = &volume.spec.retention.deleted_versions;
+    let (used, what) = match parse_duration_checked(value) {
+        Ok(d) => return Ok(d),
+        Err(DurationError::TooLong(_)) => {
+            (MAX_DURATION, format!("the maximum, {MAX_DURATION_TEXT}"))
+        }
+        Err(DurationError::Malformed(_)) => (DEFAULT_RETENTION, "the default, 168h".to_owned()),
+    };
+    let shown: String = value.chars().take(64).collect();
+    Err((
+        used,
+        format!(
+            "spec.retention.deletedVersions of SealedVolume {} is {shown:?}, not a duration from \
+             0 to {MAX_DURATION_TEXT} (100 years); the version is kept for {what}",
+            volume.name_any()
+        ),
+    ))
 }
 
 fn parse_digest(version: &SealedVolumeVersion) -> Result<Digest> {
@@ -360,11 +387,15 @@ async fn cleanup(version: &SealedVolumeVersion, ctx: &Context) -> Result<Action>
     }
     let volumes: Api<SealedVolume> = Api::namespaced(ctx.client.clone(), &namespace);
     let retention = match volumes.get_opt(&version.spec.volume).await? {
-        Some(v) => v
-            .spec
-            .retention
-            .deleted_versions()
-            .unwrap_or(DEFAULT_RETENTION),
+        Some(v) => match retention_of(&v) {
+            Ok(retention) => retention,
+            Err((retention, problem)) => {
+                // Only a CRD older than its bound admits such a value: say what is used.
+                ctx.event(&reference, true, "InvalidRetention", "Delete", problem)
+                    .await;
+                retention
+            }
+        },
         None => DEFAULT_RETENTION,
     };
     match sealed_store::trash::trash_version(&ctx.store, &digest, retention).await {
@@ -387,4 +418,49 @@ async fn cleanup(version: &SealedVolumeVersion, ctx: &Context) -> Result<Action>
         Err(e) => return Err(e.into()),
     }
     Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sealed_crds::{Retention, SealedVolumeSpec, Source};
+
+    fn volume(retention: &str) -> SealedVolume {
+        SealedVolume::new(
+            "llama",
+            SealedVolumeSpec {
+                source: Source::upload(),
+                tags: Default::default(),
+                retention: Retention {
+                    deleted_versions: retention.into(),
+                },
+                shared: false,
+            },
+        )
+    }
+
+    #[test]
+    fn retention_out_of_range_is_named_and_never_panics() {
+        let h = Duration::from_secs(3600);
+        assert_eq!(retention_of(&volume("72h")), Ok(72 * h));
+        assert_eq!(retention_of(&volume("876000h")), Ok(MAX_DURATION));
+        // What once overflowed a timestamp: the longest allowed, and a message saying so.
+        let (used, message) = retention_of(&volume("3000000000h")).unwrap_err();
+        assert_eq!(used, MAX_DURATION);
+        for part in [
+            "spec.retention.deletedVersions",
+            "llama",
+            "\"3000000000h\"",
+            "876000h",
+            "kept for the maximum",
+        ] {
+            assert!(message.contains(part), "{part}: {message}");
+        }
+        let (used, message) = retention_of(&volume("7d")).unwrap_err();
+        assert_eq!(used, DEFAULT_RETENTION);
+        assert!(message.contains("the default, 168h"), "{message}");
+        // The store's bound is the same: the maximum is a retention it takes.
+        assert_eq!(sealed_store::limits::MAX_DURATION, MAX_DURATION);
+        let _ = retention_of(&volume(&"9".repeat(10_000)));
+    }
 }

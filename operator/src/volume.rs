@@ -37,9 +37,15 @@ pub async fn reconcile(volume: Arc<SealedVolume>, ctx: Arc<Context>) -> Result<A
     result
 }
 
-pub fn error_policy(volume: Arc<SealedVolume>, error: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(volume = %volume_key(&volume), %error, "reconcile failed; retrying in 30s");
-    Action::requeue(Duration::from_secs(30))
+pub fn error_policy(volume: Arc<SealedVolume>, error: &Error, ctx: Arc<Context>) -> Action {
+    let action = crate::guard::requeue_after(
+        &ctx,
+        &crate::guard::object_key(volume.as_ref()),
+        error,
+        Duration::from_secs(30),
+    );
+    tracing::warn!(volume = %volume_key(&volume), %error, ?action, "reconcile failed; retrying");
+    action
 }
 
 fn volume_key(v: &SealedVolume) -> String {
