@@ -234,6 +234,14 @@ spec:
         },
     );
     volumes.create(&pp, &bucket).await?;
+    // The longest retention there is: accepted, and read back as it was written.
+    let mut longest = hf_volume("longest-retention");
+    longest.spec.retention.deleted_versions = "876000h".into();
+    let created = volumes.create(&pp, &longest).await?;
+    assert_eq!(
+        created.spec.retention.deleted_versions(),
+        Ok(sealed_crds::validate::MAX_DURATION)
+    );
     let upload = SealedVolume::new(
         "pushed",
         SealedVolumeSpec {
@@ -437,6 +445,25 @@ spec:
             "must be a duration such as 168h",
         ],
     ));
+
+    // Past 100 years (the value that once overflowed the trash's timestamps, and one past
+    // Go's int64 nanoseconds, which CEL's duration() cannot hold): refused, with the range.
+    for (name, value) in [
+        ("retention-past-bound", "876001h"),
+        ("retention-overflow", "3000000000h"),
+        ("retention-huge", "99999999999999999999h"),
+    ] {
+        let mut long = hf_volume(name);
+        long.spec.retention.deleted_versions = value.into();
+        cases.push((
+            "retention over 100 years",
+            long,
+            vec![
+                "spec.retention.deletedVersions",
+                "at most 876000h (100 years)",
+            ],
+        ));
+    }
 
     let mut bad_repo = hf_volume("bad-repo");
     bad_repo.spec.source.hugging_face.as_mut().unwrap().repo = "https://huggingface.co/x/y".into();
