@@ -15,6 +15,10 @@
 //! redirect and every scheme change on the same host and port, so the token never leaves its
 //! origin and never travels in the clear after an https start.
 //!
+//! Every answer is read within a bound ([`super::limits`]): tree pages are streamed up to a
+//! byte cap before they are parsed and counted over all pages, error bodies are read only for
+//! their first KiBs, and a file only up to the size the tree declared.
+//!
 //! Everything is pinned to the commit the revision resolved to, so a branch that moves during
 //! the sync cannot mix two commits. LFS files are checked against the SHA-256 the tree
 //! publishes (and the ETag) while they stream.
