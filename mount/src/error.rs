@@ -41,6 +41,14 @@ pub enum FetchError {
         declared: u32,
         actual: u64,
     },
+    /// The store answered with more than a chunk can be (`sealed_store::Error::ResponseTooLarge`):
+    /// an answer, like a corrupt chunk, not a store that is down.
+    #[error("chunk {digest}: store {store} sent a hostile answer: {reason}")]
+    Oversized {
+        digest: Digest,
+        store: String,
+        reason: String,
+    },
     #[error(
         "chunk {digest}: store {store} failed moments ago, so reads of uncached data fail at \
          once instead of waiting on it again (circuit breaker: next probe in {retry_in:?}, or \

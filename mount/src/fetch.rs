@@ -453,6 +453,16 @@ impl NodeCache {
                         store: store.name().to_owned(),
                     }));
                 }
+                Ok(Err(e @ StoreError::ResponseTooLarge { .. })) => {
+                    MountMetrics::inc(&metrics.store_errors);
+                    MountMetrics::inc(&metrics.verification_failures);
+                    tracing::error!(%digest, store = store.name(), error = %e, "oversized chunk from store");
+                    return Err(Attempts::Answer(FetchError::Oversized {
+                        digest: *digest,
+                        store: store.name().to_owned(),
+                        reason: e.to_string(),
+                    }));
+                }
                 Ok(Err(e)) => FetchError::Unavailable {
                     digest: *digest,
                     store: store.name().to_owned(),
@@ -485,7 +495,8 @@ impl NodeCache {
 
 /// How the attempts of one fetch ended, when they did not bring the bytes.
 enum Attempts {
-    /// The store answered: the chunk is missing or corrupt (not retried, not a store fault).
+    /// The store answered: the chunk is missing, corrupt or oversized (not retried, not a
+    /// store fault).
     Answer(FetchError),
     /// Timeouts or backend errors on every attempt: the store is failing.
     Failed(FetchError),

@@ -361,3 +361,35 @@ async fn a_version_over_a_cap_is_refused_with_the_cap_and_both_numbers() {
         .unwrap();
     handle.unmount().await.unwrap();
 }
+
+/// A chunk body longer than any chunk can be (the store cuts it off: `ResponseTooLarge`) is
+/// an answer about that chunk, like a corrupt one: the read fails, but the breaker stays
+/// closed, so reads of the other chunks from the same store go on at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_oversized_chunk_fails_its_read_without_opening_the_breaker() {
+    let server = MiniS3::start();
+    let content = common::random_bytes(11, 2 << 20);
+    let entry = chunked(&server, "f", &content, 1 << 20);
+    let EntryKind::File(file) = &entry.kind else {
+        unreachable!("chunked makes files")
+    };
+    // The first chunk's key answers 20 MiB: over the store's 16 MiB chunk cap.
+    server.put(
+        ChunkStore::chunk_key(&file.chunks[0].digest).as_ref(),
+        vec![0u8; 20 << 20],
+    );
+    let digest = seal(&server, vec![entry]);
+    let store = server.store(Duration::from_secs(10), 0).await;
+    let cache = NodeCache::new(&NodeCacheOptions::default()).unwrap();
+    let fs = open_fs(&store, digest, &cache, &MountLimits::default()).await;
+    let ino = fs.lookup(ROOT_INO, b"f").unwrap().ino;
+
+    let err = fs.read(ino, None, 0, 4096).await.unwrap_err();
+    assert!(err.to_string().contains("hostile answer"), "{err}");
+    let before = server.chunk_requests();
+    let got = fs.read(ino, None, 1 << 20, 4096).await.unwrap();
+    assert_eq!(&got[..], &content[1 << 20..(1 << 20) + 4096]);
+    assert!(server.chunk_requests() > before, "the store was asked");
+    let metrics = cache.metrics().snapshot();
+    assert_eq!(metrics.breaker_opens, 0, "{metrics:?}");
+}
