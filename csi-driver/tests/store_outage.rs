@@ -74,10 +74,10 @@ fn store_args(proxy: &StoreProxy) -> Vec<String> {
 fn read_file(path: &Path, limit: Duration) -> Result<String, String> {
     const READ: &str = r#"
 import hashlib, os, sys
-fd = os.open(sys.argv[1], os.O_RDONLY)
-os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 h = hashlib.sha256()
 try:
+    fd = os.open(sys.argv[1], os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     while True:
         b = os.read(fd, 1 << 20)
         if not b:
@@ -316,4 +316,66 @@ async fn unpublish_does_not_wait_for_a_publish_stuck_on_the_store() {
         "unpublish A finished only after the stuck publish of B gave up ({took:?})"
     );
     assert!(took < Duration::from_secs(2), "unpublish A took {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_mount_that_cannot_be_resumed_fails_its_readers_instead_of_hanging() {
+    if !can_mount() {
+        eprintln!("SKIPPED: needs root and /dev/fuse to mount FUSE");
+        return;
+    }
+    let Some(moto) = start_moto(BUCKET) else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let digest = push_version(&moto, work.path(), "give-up", 17).await;
+    let proxy = StoreProxy::start(moto.port);
+    let holder = FdHolder::start(&work.path().join("fd-holder.sock"));
+    let mut args = store_args(&proxy);
+    args.push(format!("--fd-holder={}", holder.socket.display()));
+    args.push("--resume-deadline=3".into());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let store_url = format!("s3://{BUCKET}");
+    let plugin = Plugin::start(&store_url, &args);
+    let target = plugin.pods().join("a/volume");
+    let mut client = NodeClient::new(plugin.channel().await);
+    client
+        .node_publish_volume(common::publish_digest("vol", &target, &digest.to_string()))
+        .await
+        .expect("publish while the store answers");
+    assert!(read_file(&target.join("read.bin"), Duration::from_secs(30)).is_ok());
+
+    // A restart with the store down and no kept manifest (a mount made by an older plugin):
+    // nothing can serve the mount, so its readers must get an error after the deadline.
+    proxy.down();
+    let home = plugin.crash();
+    for entry in std::fs::read_dir(home.path().join("state/manifests")).unwrap() {
+        std::fs::remove_file(entry.unwrap().path()).unwrap();
+    }
+    let plugin = Plugin::start_in(home, &store_url, &args);
+    let asked = Instant::now();
+    let read = read_file(&target.join("read.bin"), Duration::from_secs(30));
+    let took = asked.elapsed();
+    let error = read.expect_err("nothing serves the mount");
+    assert!(
+        (error.contains("not connected") || error.contains("connection abort"))
+            && took < Duration::from_secs(20),
+        "the reader of an abandoned mount got {error:?} after {took:?}; log:\n{}",
+        plugin.log()
+    );
+    eprintln!("reader of the abandoned mount: {error} after {took:?}");
+    assert!(
+        holder.client().list().expect("list").is_empty(),
+        "the holder let go of the abandoned mount's fd"
+    );
+    // Its target still unpublishes.
+    let mut client = NodeClient::new(plugin.channel().await);
+    client
+        .node_unpublish_volume(NodeUnpublishVolumeRequest {
+            volume_id: "vol".into(),
+            target_path: target.display().to_string(),
+        })
+        .await
+        .expect("unpublish of an abandoned mount's target");
+    assert!(!sealed_csi::mounts::is_mount_point(&target));
 }
