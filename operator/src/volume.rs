@@ -48,6 +48,12 @@ pub fn error_policy(volume: Arc<SealedVolume>, error: &Error, ctx: Arc<Context>)
     action
 }
 
+/// A count for `status.sync` (an int64 at least 0): past `i64::MAX` (a listing's claim, not
+/// a real size) it stays `i64::MAX` rather than wrapping negative, which the schema refuses.
+fn status_count(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
 fn volume_key(v: &SealedVolume) -> String {
     format!("{}/{}", v.namespace().unwrap_or_default(), v.name_any())
 }
@@ -273,10 +279,10 @@ async fn drive_sync(
             let sync = status.sync.get_or_insert_with(Default::default);
             sync.job = job.or(sync.job.take());
             if let Some(p) = progress {
-                sync.bytes_done = p.bytes_done as i64;
-                sync.bytes_total = p.bytes_total as i64;
-                sync.files_done = p.files_done as i64;
-                sync.files_total = p.files_total as i64;
+                sync.bytes_done = status_count(p.bytes_done);
+                sync.bytes_total = status_count(p.bytes_total);
+                sync.files_done = status_count(p.files_done);
+                sync.files_total = status_count(p.files_total);
                 sync.progress = Some(p.describe());
             } else {
                 sync.progress = Some("running".into());
@@ -294,10 +300,10 @@ async fn drive_sync(
                 Ok(outcome) => {
                     sync.revision = outcome.source_revision.clone();
                     sync.digest = Some(outcome.digest.clone());
-                    sync.bytes_done = outcome.bytes as i64;
-                    sync.bytes_total = outcome.bytes as i64;
-                    sync.files_done = outcome.files as i64;
-                    sync.files_total = outcome.files as i64;
+                    sync.bytes_done = status_count(outcome.bytes);
+                    sync.bytes_total = status_count(outcome.bytes);
+                    sync.files_done = status_count(outcome.files);
+                    sync.files_total = status_count(outcome.files);
                     sync.progress = Some(format!(
                         "done: {} ({} new, {} reused)",
                         crate::sync::human_bytes(outcome.bytes),
@@ -616,4 +622,16 @@ async fn write_status(
     )
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_counts_never_go_negative() {
+        assert_eq!(status_count(7), 7);
+        assert_eq!(status_count(i64::MAX as u64), i64::MAX);
+        assert_eq!(status_count(u64::MAX), i64::MAX);
+    }
 }

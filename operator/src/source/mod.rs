@@ -471,7 +471,8 @@ async fn sync_inner(
         Opened::Bucket(bucket) => bucket.list().await?,
     };
     let file_count = files.len() as u64;
-    let bytes: u64 = files.iter().map(|f| f.size).sum();
+    // Sizes are the listing's claims: a sum that cannot overflow.
+    let bytes = files.iter().fold(0u64, |sum, f| sum.saturating_add(f.size));
     tracing::info!(source = %what, revision = %revision, files = file_count, bytes, "syncing");
     progress.listed(file_count, bytes);
 

@@ -124,7 +124,9 @@ impl CountersSnapshot {
         if self.bytes_total == 0 {
             return format!("listing ({} files so far)", self.files_total);
         }
-        let pct = (self.bytes_done.min(self.bytes_total) * 100) / self.bytes_total;
+        // In u128: sizes come from the source's listing, whatever it claims.
+        let pct =
+            u128::from(self.bytes_done.min(self.bytes_total)) * 100 / u128::from(self.bytes_total);
         format!(
             "{pct}% ({} of {}, {}/{} files)",
             human_bytes(self.bytes_done),
@@ -190,6 +192,14 @@ mod tests {
         };
         assert_eq!(s.describe(), "50% (3.0 GiB of 6.0 GiB, 4/9 files)");
         assert_eq!(human_bytes(512), "512 B");
+        // Sizes a hostile listing claims: no overflow (this panicked in debug builds).
+        let huge = CountersSnapshot {
+            bytes_done: u64::MAX / 2,
+            bytes_total: u64::MAX,
+            files_done: 1,
+            files_total: 2,
+        };
+        assert!(huge.describe().starts_with("49% "), "{}", huge.describe());
     }
 
     #[test]
