@@ -114,14 +114,6 @@ pub enum FetchFailure {
     Unreachable(sealed_store::Error),
 }
 
-impl FetchFailure {
-    pub fn into_inner(self) -> sealed_store::Error {
-        match self {
-            FetchFailure::Answered(e) | FetchFailure::Unreachable(e) => e,
-        }
-    }
-}
-
 /// The verified manifest bytes of `digest` from the store: its normal key, else, with
 /// `trash`, the trash (a version deleted while this node mounts it is still served to the
 /// pods that have it; a new mount of it is refused).

@@ -250,6 +250,10 @@ impl Driver {
         let mut held = Vec::new();
         for entry in self.list_held().await {
             match self.check_held(&entry.key, &entry.digest) {
+                // One mount per digest; a second entry for it would wait for its own lock.
+                Ok(h) if held.iter().any(|o: &Held| o.digest == h.digest) => {
+                    tracing::warn!(key = entry.key, "a second held fd for one digest; ignored");
+                }
                 Ok(h) => held.push(h),
                 Err(why) => {
                     tracing::warn!(
