@@ -442,7 +442,10 @@ impl Driver {
             return Some(bytes);
         }
         tracing::warn!(%digest, "no kept manifest for a held mount (made by an older plugin?); asking the store");
-        let deadline = started + self.config.resume_deadline;
+        // Bounded by the flag's parser; a day at most here all the same, never an overflow.
+        let deadline = started
+            .checked_add(self.config.resume_deadline.min(Duration::from_secs(86_400)))
+            .unwrap_or(started);
         let mut pause = Duration::from_millis(500);
         loop {
             let attempt = async {
