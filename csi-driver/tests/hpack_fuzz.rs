@@ -42,8 +42,11 @@ fn feed_in_pieces(input: &[u8], cuts: &[usize]) -> std::io::Result<(Vec<u8>, u64
     Ok((out, rewriter.rewritten))
 }
 
+/// One frame: kind, flags, stream, payload.
+type Frame = (u8, u8, u32, Vec<u8>);
+
 /// Splits the output into frames; `None` if it is not a whole number of frames.
-fn parse_frames(mut bytes: &[u8]) -> Option<Vec<(u8, u8, u32, Vec<u8>)>> {
+fn parse_frames(mut bytes: &[u8]) -> Option<Vec<Frame>> {
     let mut frames = Vec::new();
     while !bytes.is_empty() {
         if bytes.len() < 9 {
