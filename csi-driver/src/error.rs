@@ -89,6 +89,9 @@ impl CsiError {
             CsiError::Store(e) => store_code(e),
             CsiError::Mount(MountError::Store(e)) => store_code(e),
             CsiError::Mount(MountError::BadManifest { .. }) => Code::DataLoss,
+            // The version is larger than this node's per-mount caps allow: not a fault of the
+            // plugin, and retrying does not help until the caps change.
+            CsiError::Mount(MountError::OverLimit { .. }) => Code::ResourceExhausted,
             CsiError::Mount(_) | CsiError::Io { .. } => Code::Internal,
         }
     }
@@ -198,6 +201,16 @@ mod tests {
                     reason: "r".into(),
                 }),
                 Code::DataLoss,
+            ),
+            (
+                CsiError::Mount(MountError::OverLimit {
+                    digest,
+                    what: "chunk references",
+                    field: "max_chunks",
+                    count: 5,
+                    limit: 4,
+                }),
+                Code::ResourceExhausted,
             ),
             (
                 CsiError::Unimplemented("NodeStageVolume"),

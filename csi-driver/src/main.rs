@@ -13,7 +13,9 @@ use sealed_csi::kube_access::AttestationConfig;
 use sealed_csi::lease::{PublicationsLease, Reporter};
 use sealed_csi::metrics::Health;
 use sealed_csi::{Driver, DriverConfig, KubeAccess};
-use sealed_mount::{FetchPolicy, MountOptions, NodeCache, NodeCacheOptions, parse_size};
+use sealed_mount::{
+    FetchPolicy, MountLimits, MountOptions, NodeCache, NodeCacheOptions, parse_size,
+};
 use sealed_store::StoreOptions;
 
 #[derive(Parser, Debug)]
@@ -38,12 +40,36 @@ struct Args {
     /// Region of the bucket
     #[arg(long, env = "SEALED_REGION")]
     store_region: Option<String>,
-    /// Seconds before a store request is retried
-    #[arg(long, env = "SEALED_TIMEOUT", default_value_t = 30)]
+    /// Seconds before a store request is retried (1 to 86400)
+    #[arg(long, env = "SEALED_TIMEOUT", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
     store_timeout: u64,
-    /// Retries of a failed store request
-    #[arg(long, default_value_t = 3)]
-    store_retries: usize,
+    /// Retries of a failed store request (0 to 100)
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(0..=100))]
+    store_retries: u32,
+    /// Seconds during which, after a chunk fetch from the store failed (timeouts or errors on
+    /// every attempt), further fetches of uncached chunks fail at once instead of waiting on
+    /// the store again (a circuit breaker; 0 turns it off)
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=3600))]
+    breaker_open: u64,
+    /// Per mount: most entries (files, directories, links) a version may have
+    #[arg(long, default_value_t = MountLimits::default().max_entries)]
+    max_mount_entries: u64,
+    /// Per mount: most chunk references a version may have
+    #[arg(long, default_value_t = MountLimits::default().max_chunks)]
+    max_mount_chunks: u64,
+    /// Per mount: most memory the mounted tree may need (bytes; K, M, G, T suffixes)
+    #[arg(long, default_value = "512M", value_parser = parse_size)]
+    max_mount_memory: u64,
+    /// Per mount: most chunk fetches one read may have in flight (1 to 4096)
+    #[arg(long, default_value_t = MountLimits::default().max_fetches_per_read,
+          value_parser = fetch_bound)]
+    max_fetches_per_read: usize,
+    /// Per mount: most chunk fetches its reads and readahead may have in flight together
+    /// (1 to 4096)
+    #[arg(long, default_value_t = MountLimits::default().max_fetches_per_mount,
+          value_parser = fetch_bound)]
+    max_fetches_per_mount: usize,
     /// Node disk cache directory, shared by every mount on the node
     #[arg(
         long,
@@ -196,7 +222,7 @@ async fn main() -> anyhow::Result<()> {
         Some(Arc::new(connect_kube(&args).await?))
     };
     let socket = sealed_csi::socket_path(&args.endpoint)?;
-    let timeout = Duration::from_secs(args.store_timeout.max(1));
+    let timeout = Duration::from_secs(args.store_timeout);
     let config = DriverConfig {
         node_id: args.node_id.clone(),
         state_dir: args.state_dir.clone(),
@@ -205,7 +231,7 @@ async fn main() -> anyhow::Result<()> {
             endpoint: args.store_endpoint.clone(),
             region: args.store_region.clone(),
             timeout,
-            retries: args.store_retries,
+            retries: args.store_retries as usize,
             create: false,
         },
         max_volumes: args.max_volumes,
@@ -228,14 +254,25 @@ async fn main() -> anyhow::Result<()> {
         memory_bytes: args.memory,
         fetch: FetchPolicy {
             attempt_timeout: timeout,
-            retries: u32::try_from(args.store_retries).unwrap_or(u32::MAX),
+            retries: args.store_retries,
+            breaker_open: Duration::from_secs(args.breaker_open),
             ..FetchPolicy::default()
         },
         ..NodeCacheOptions::default()
     })
     .with_context(|| format!("cannot open the node cache {}", args.cache_dir.display()))?;
-    let driver = Driver::new(config, cache, MountOptions::default())
-        .context("cannot set up the metrics registry")?;
+    let mount_options = MountOptions {
+        limits: MountLimits {
+            max_entries: args.max_mount_entries,
+            max_chunks: args.max_mount_chunks,
+            max_manifest_bytes: args.max_mount_memory,
+            max_fetches_per_read: args.max_fetches_per_read,
+            max_fetches_per_mount: args.max_fetches_per_mount,
+        },
+        ..MountOptions::default()
+    };
+    let driver =
+        Driver::new(config, cache, mount_options).context("cannot set up the metrics registry")?;
     if args.fd_holder.is_none() {
         tracing::warn!(
             "no --fd-holder: restarting this plugin will break the mounts of running pods"
@@ -411,4 +448,16 @@ fn start_registration(args: &Args, socket: &Path) -> anyhow::Result<Option<Regis
         }
     });
     Ok(Some((stop, task, path)))
+}
+
+/// A bound on fetches in flight: at least one (zero would stop every read), at most 4096.
+fn fetch_bound(text: &str) -> Result<usize, String> {
+    let n: usize = text
+        .parse()
+        .map_err(|e| format!("{text:?} is not a count: {e}"))?;
+    if (1..=4096).contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!("{n} is out of range: 1 to 4096"))
+    }
 }

@@ -200,6 +200,18 @@ const PLAIN: &[Plain] = &[
         |s| s.verification_failures,
     ),
     (
+        "sealed_store_breaker_opens_total",
+        "Times a store's circuit breaker opened (a fetch failed on every attempt)",
+        Kind::Counter,
+        |s| s.breaker_opens,
+    ),
+    (
+        "sealed_store_fast_failures_total",
+        "Chunk fetches failed at once because the store's circuit breaker was open",
+        Kind::Counter,
+        |s| s.store_fast_failures,
+    ),
+    (
         "sealed_read_bytes_total",
         "Bytes returned to readers of sealed volumes",
         Kind::Counter,
@@ -246,6 +258,12 @@ const PLAIN: &[Plain] = &[
         "Bytes being fetched from the object store now",
         Kind::Gauge,
         |s| s.bytes_in_flight,
+    ),
+    (
+        "sealed_store_fetches_in_flight",
+        "Chunk fetches from the object store under way now",
+        Kind::Gauge,
+        |s| s.fetches_in_flight,
     ),
     (
         "sealed_prefetch_bytes_in_flight",
