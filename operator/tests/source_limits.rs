@@ -388,3 +388,66 @@ async fn a_prefix_with_too_many_objects_is_refused() {
     assert_eq!(ok.files, 30);
     assert_eq!(SourceLimits::default().max_entries, MAX_LISTING_ENTRIES);
 }
+
+/// An S3 source whose endpoint answers the listing with an endless XML page: the client cuts
+/// the page off at the store's listing-page cap ([`sealed_store::CappedConnector`]) instead of
+/// reading it into memory without end (before, object_store read the whole body itself).
+#[tokio::test]
+async fn an_endless_bucket_listing_page_is_cut_off() {
+    let hub = HostileHub::start(|_path| Reply::Endless {
+        head: "HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nConnection: close\r\n\r\n"
+            .into(),
+        first: br#"<?xml version="1.0" encoding="UTF-8"?><ListBucketResult><Name>b</Name><IsTruncated>false</IsTruncated>"#.to_vec(),
+        unit: b"<Contents><Key>m/x</Key><Size>1</Size><ETag>\"e\"</ETag></Contents>".repeat(1024),
+    })
+    .await;
+    let source = Source::object_store(ObjectStoreSource {
+        url: "s3://b/m".into(),
+        endpoint: Some(hub.url.clone()),
+        region: Some("us-east-1".into()),
+        credentials_secret_ref: None,
+    });
+    let creds = SourceCredentials {
+        hf_token: None,
+        object_store: [
+            ("AWS_ACCESS_KEY_ID".to_owned(), "k".to_owned()),
+            ("AWS_SECRET_ACCESS_KEY".to_owned(), "s".to_owned()),
+        ]
+        .into(),
+    };
+    // No entry bound gets in first: the page itself must be cut.
+    let options = SyncOptions {
+        limits: SourceLimits {
+            max_entries: u64::MAX,
+            max_listing_bytes: u64::MAX,
+            ..Default::default()
+        },
+        ..opts()
+    };
+    let started = Instant::now();
+    let synced = tokio::time::timeout(
+        Duration::from_secs(120),
+        sync_source(
+            &ChunkStore::memory(),
+            &source,
+            &creds,
+            &options,
+            Arc::new(NoSyncProgress),
+        ),
+    )
+    .await
+    .expect("the sync still runs after 120 s");
+    let err = synced.expect_err("the sync succeeded");
+    eprintln!("server wrote {} bytes; {err}", hub.written());
+    let cap = sealed_store::MAX_LISTING_PAGE_BYTES;
+    assert!(
+        hub.written() <= cap + SOCKET_SLACK,
+        "the server wrote {} bytes ({err})",
+        hub.written()
+    );
+    assert!(
+        err.to_string().contains("listing page of /b is over"),
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(60));
+}

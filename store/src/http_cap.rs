@@ -52,9 +52,10 @@ pub(crate) fn cap_exceeded<'e>(
     None
 }
 
-/// Builds object_store's reqwest client and caps its responses.
+/// Builds object_store's reqwest client and caps its responses. Public so that other readers
+/// of remote object stores (the operator's bucket sources) get the same bounds.
 #[derive(Debug, Default)]
-pub(crate) struct CappedConnector;
+pub struct CappedConnector;
 
 impl HttpConnector for CappedConnector {
     fn connect(&self, options: &ClientOptions) -> object_store::Result<HttpClient> {

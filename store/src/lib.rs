@@ -26,6 +26,7 @@ pub mod verify;
 pub use chunker::ChunkParams;
 pub use digest::Digest;
 pub use error::{Error, Result};
+pub use http_cap::{CappedConnector, MAX_LISTING_PAGE_BYTES};
 pub use lease::WriterLease;
 pub use manifest::{ChunkRef, Entry, EntryKind, FileEntry, Manifest};
 pub use progress::{NoProgress, Progress};

@@ -15,8 +15,10 @@
 //! [`SourcePolicy`](super::SourcePolicy) allow-lists ([`Access::Ambient`]) is read with the
 //! process's environment.
 //!
-//! `object_store::parse_url_opts` (0.12) builds with `<Builder>::new()`, not `from_env()`,
-//! so it reads no environment variables itself; what a builder reads at `build()` when it has
+//! The client is built as `object_store::parse_url_opts` (0.12) builds it, with
+//! `<Builder>::new()`, not `from_env()`, so it reads no environment variables itself, and with
+//! the store's capped HTTP connector ([`sealed_store::CappedConnector`]: listing pages and
+//! error bodies bounded, as for the store); what a builder reads at `build()` when it has
 //! no static credentials (AWS_WEB_IDENTITY_TOKEN_FILE / AWS_ROLE_ARN, instance metadata,
 //! `~/.config/gcloud`) is what the credential checks here rule out.
 
@@ -25,12 +27,13 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use futures::TryStreamExt;
-use object_store::aws::AmazonS3ConfigKey;
-use object_store::azure::AzureConfigKey;
-use object_store::gcp::GoogleConfigKey;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreScheme};
 use sealed_crds::ObjectStoreSource;
+use sealed_store::CappedConnector;
 use sealed_store::ingest::Ingest;
 use tokio_util::io::StreamReader;
 use url::Url;
@@ -173,12 +176,11 @@ impl BucketSource {
         // parse_url_opts reads no environment (it starts from `<Builder>::new()`); the
         // options are all there is, besides what `build()` falls back to without static
         // credentials, which `secret_options` rules out.
-        let (store, parsed_prefix) = object_store::parse_url_opts(&url, options).map_err(|e| {
-            SourceError::InvalidCredentials {
+        let (store, parsed_prefix) =
+            build_source_store(&url, options).map_err(|e| SourceError::InvalidCredentials {
                 url: shown.clone(),
                 detail: redact(&error_chain(&e), &secrets),
-            }
-        })?;
+            })?;
         // `scheme://bucket/prefix`: the prefix is the URL's path (object_store reads `az://`
         // as `az://account/container/...`; the rest of Sealed Volumes, like the Azure builder,
         // reads it as `az://container/prefix`). https:// URLs keep object_store's reading.
@@ -527,6 +529,52 @@ fn normal_etag(etag: &str) -> String {
         .trim_start_matches("W/")
         .trim_matches('"')
         .to_owned()
+}
+
+/// The client for a source URL: what `object_store::parse_url_opts` (0.12) builds — the
+/// builder's `new()` (no environment), the URL, each option the builder knows, the rest
+/// ignored — with [`CappedConnector`] under S3, GCS and Azure, so a hostile endpoint's
+/// endless listing page or error body ends with an error instead of filling memory.
+fn build_source_store(
+    url: &Url,
+    options: BTreeMap<String, String>,
+) -> object_store::Result<(Box<dyn ObjectStore>, ObjectPath)> {
+    let (scheme, path) = ObjectStoreScheme::parse(url)?;
+    let store: Box<dyn ObjectStore> = match scheme {
+        ObjectStoreScheme::AmazonS3 => {
+            let builder = options.iter().fold(
+                AmazonS3Builder::new().with_url(url.to_string()),
+                |b, (k, v)| match k.parse::<AmazonS3ConfigKey>() {
+                    Ok(key) => b.with_config(key, v),
+                    Err(_) => b,
+                },
+            );
+            Box::new(builder.with_http_connector(CappedConnector).build()?)
+        }
+        ObjectStoreScheme::GoogleCloudStorage => {
+            let builder = options.iter().fold(
+                GoogleCloudStorageBuilder::new().with_url(url.to_string()),
+                |b, (k, v)| match k.parse::<GoogleConfigKey>() {
+                    Ok(key) => b.with_config(key, v),
+                    Err(_) => b,
+                },
+            );
+            Box::new(builder.with_http_connector(CappedConnector).build()?)
+        }
+        ObjectStoreScheme::MicrosoftAzure => {
+            let builder = options.iter().fold(
+                MicrosoftAzureBuilder::new().with_url(url.to_string()),
+                |b, (k, v)| match k.parse::<AzureConfigKey>() {
+                    Ok(key) => b.with_config(key, v),
+                    Err(_) => b,
+                },
+            );
+            Box::new(builder.with_http_connector(CappedConnector).build()?)
+        }
+        // file:// (and anything else the checks above let through): no HTTP.
+        _ => return object_store::parse_url_opts(url, options),
+    };
+    Ok((store, ObjectPath::parse(path)?))
 }
 
 #[cfg(test)]
