@@ -22,11 +22,7 @@ async fn a_version_over_the_mount_caps_is_refused_with_the_cap() {
     let mut client = NodeClient::new(plugin.channel().await);
     let target = plugin.pods().join("a/volume");
     let status = client
-        .node_publish_volume(publish_digest(
-            "vol-a",
-            &target,
-            &store.digest.to_string(),
-        ))
+        .node_publish_volume(publish_digest("vol-a", &target, &store.digest.to_string()))
         .await
         .expect_err("a version over the cap was mounted");
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
@@ -40,11 +36,7 @@ async fn a_version_over_the_mount_caps_is_refused_with_the_cap() {
     let mut client = NodeClient::new(plugin.channel().await);
     let target = plugin.pods().join("a/volume");
     client
-        .node_publish_volume(publish_digest(
-            "vol-a",
-            &target,
-            &store.digest.to_string(),
-        ))
+        .node_publish_volume(publish_digest("vol-a", &target, &store.digest.to_string()))
         .await
         .unwrap();
     assert!(target.join("config.json").exists());
