@@ -21,13 +21,14 @@ use tokio::net::UnixStream;
 /// What replaces an `:authority` that is not a valid URI authority.
 pub const REPLACEMENT_AUTHORITY: &[u8] = b"localhost";
 
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// The HTTP/2 connection preface (RFC 7540 3.5).
+pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const FRAME_HEADER: usize = 9;
-const HEADERS: u8 = 0x1;
+pub const HEADERS: u8 = 0x1;
 const PUSH_PROMISE: u8 = 0x5;
-const CONTINUATION: u8 = 0x9;
-const END_STREAM: u8 = 0x1;
-const END_HEADERS: u8 = 0x4;
+pub const CONTINUATION: u8 = 0x9;
+pub const END_STREAM: u8 = 0x1;
+pub const END_HEADERS: u8 = 0x4;
 const PADDED: u8 = 0x8;
 const PRIORITY: u8 = 0x20;
 /// SETTINGS_MAX_FRAME_SIZE's initial value; h2 (and so tonic) never advertises more unless
@@ -257,7 +258,8 @@ fn write_headers(out: &mut Vec<u8>, stream: u32, end_stream: bool, block: &[u8])
     }
 }
 
-fn write_frame(out: &mut Vec<u8>, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
+/// Appends one HTTP/2 frame (RFC 7540 4.1); public for the tests that play hostile clients.
+pub fn write_frame(out: &mut Vec<u8>, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
     let len = payload.len();
     out.extend_from_slice(&[(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags]);
     out.extend_from_slice(&stream.to_be_bytes());
@@ -265,14 +267,15 @@ fn write_frame(out: &mut Vec<u8>, kind: u8, flags: u8, stream: u32, payload: &[u
 }
 
 /// An HPACK string literal without Huffman coding (RFC 7541 5.2).
-fn encode_string(out: &mut Vec<u8>, s: &[u8]) {
+pub fn encode_string(out: &mut Vec<u8>, s: &[u8]) {
     encode_integer(out, 0, 7, s.len());
     out.extend_from_slice(s);
 }
 
-/// An HPACK integer with an `n`-bit prefix (RFC 7541 5.1); `first` holds the bits above it.
-fn encode_integer(out: &mut Vec<u8>, first: u8, n: u32, mut value: usize) {
-    let max = (1usize << n) - 1;
+/// An HPACK integer with an `n`-bit prefix (RFC 7541 5.1, `n` 1 to 8); `first` holds the
+/// bits above it.
+pub fn encode_integer(out: &mut Vec<u8>, first: u8, n: u32, mut value: usize) {
+    let max = (1usize << n.clamp(1, 8)) - 1;
     if value < max {
         out.push(first | value as u8);
         return;

@@ -7,21 +7,17 @@
 //! `PROPTEST_CASES`, e.g. `PROPTEST_CASES=100000 cargo test -p sealed-csi --test hpack_fuzz --release`.
 
 use proptest::prelude::*;
-use sealed_csi::authority::{HeaderRewriter, MAX_HEADER_LIST, REPLACEMENT_AUTHORITY};
+use sealed_csi::authority::{
+    CONTINUATION, END_HEADERS, END_STREAM, HEADERS, HeaderRewriter, MAX_HEADER_LIST, PREFACE,
+    REPLACEMENT_AUTHORITY, write_frame,
+};
 
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const DATA: u8 = 0x0;
-const HEADERS: u8 = 0x1;
-const CONTINUATION: u8 = 0x9;
-const END_STREAM: u8 = 0x1;
-const END_HEADERS: u8 = 0x4;
 
 fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = payload.len();
-    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
-    f.extend_from_slice(&stream.to_be_bytes());
-    f.extend_from_slice(payload);
-    f
+    let mut out = Vec::new();
+    write_frame(&mut out, kind, flags, stream, payload);
+    out
 }
 
 /// Feeds `input` in pieces cut at `cuts` (positions modulo the length).

@@ -10,49 +10,27 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::{Plugin, connect, store_with_version};
+use sealed_csi::authority::{
+    CONTINUATION, END_HEADERS, HEADERS, PREFACE, encode_integer, encode_string, write_frame,
+};
 use sealed_csi::pluginregistration::InfoRequest;
 use sealed_csi::pluginregistration::registration_client::RegistrationClient;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-const HEADERS: u8 = 0x1;
-const CONTINUATION: u8 = 0x9;
-const END_HEADERS: u8 = 0x4;
-
 fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = payload.len();
-    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
-    f.extend_from_slice(&stream.to_be_bytes());
-    f.extend_from_slice(payload);
-    f
-}
-
-/// An HPACK integer with an `n`-bit prefix (RFC 7541 5.1).
-fn integer(out: &mut Vec<u8>, first: u8, n: u32, mut value: usize) {
-    let max = (1usize << n) - 1;
-    if value < max {
-        out.push(first | value as u8);
-        return;
-    }
-    out.push(first | max as u8);
-    value -= max;
-    while value >= 128 {
-        out.push((value % 128) as u8 | 0x80);
-        value /= 128;
-    }
-    out.push(value as u8);
+    let mut out = Vec::new();
+    write_frame(&mut out, kind, flags, stream, payload);
+    out
 }
 
 /// A table size update to 64 KiB (what the decoder allows), a 60 KiB header added to the
 /// dynamic table, then `len` bytes in all of 1-byte fields naming it again.
 fn amplifying_block(len: usize) -> Vec<u8> {
     let mut block = Vec::new();
-    integer(&mut block, 0x20, 5, 64 * 1024);
+    encode_integer(&mut block, 0x20, 5, 64 * 1024);
     block.push(0x40);
-    integer(&mut block, 0, 7, 3);
-    block.extend_from_slice(b"x-a");
-    integer(&mut block, 0, 7, 60 * 1024);
-    block.extend(std::iter::repeat_n(b'v', 60 * 1024));
+    encode_string(&mut block, b"x-a");
+    encode_string(&mut block, &[b'v'; 60 * 1024]);
     let refs = len.saturating_sub(block.len());
     block.extend(std::iter::repeat_n(0x80 | 62, refs));
     block
