@@ -69,6 +69,78 @@ fn store_args(proxy: &StoreProxy) -> Vec<String> {
     ]
 }
 
+/// What every test here starts from: moto, a proxy in front of it that can stop answering,
+/// a work dir, and the plugin's store flags. `None` (with the reason printed) where FUSE or
+/// moto is not available.
+struct Outage {
+    moto: Moto,
+    proxy: StoreProxy,
+    work: tempfile::TempDir,
+    args: Vec<String>,
+}
+
+impl Outage {
+    fn start() -> Option<Outage> {
+        if !can_mount() {
+            eprintln!("SKIPPED: needs root and /dev/fuse to mount FUSE");
+            return None;
+        }
+        let moto = start_moto(BUCKET)?;
+        let proxy = StoreProxy::start(moto.port);
+        let args = store_args(&proxy);
+        Some(Outage {
+            moto,
+            proxy,
+            work: tempfile::tempdir().unwrap(),
+            args,
+        })
+    }
+
+    async fn version(&self, name: &str, seed: u32) -> Digest {
+        push_version(&self.moto, self.work.path(), name, seed).await
+    }
+
+    /// An fd holder in the work dir, and the plugin flag that points at it.
+    fn holder(&mut self) -> FdHolder {
+        let holder = FdHolder::start(&self.work.path().join("fd-holder.sock"));
+        self.args
+            .push(format!("--fd-holder={}", holder.socket.display()));
+        holder
+    }
+
+    fn plugin(&self) -> Plugin {
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        Plugin::start(&format!("s3://{BUCKET}"), &args)
+    }
+
+    fn restart(&self, plugin: Plugin) -> Plugin {
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        Plugin::start_in(plugin.crash(), &format!("s3://{BUCKET}"), &args)
+    }
+}
+
+async fn publish(plugin: &Plugin, volume_id: &str, target: &Path, digest: &Digest) {
+    NodeClient::new(plugin.channel().await)
+        .node_publish_volume(common::publish_digest(
+            volume_id,
+            target,
+            &digest.to_string(),
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("publish {volume_id}: {e:?}"));
+}
+
+async fn unpublish(plugin: &Plugin, volume_id: &str, target: &Path) {
+    NodeClient::new(plugin.channel().await)
+        .node_unpublish_volume(NodeUnpublishVolumeRequest {
+            volume_id: volume_id.into(),
+            target_path: target.display().to_string(),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("unpublish {volume_id}: {e:?}"));
+    assert!(!sealed_csi::mounts::is_mount_point(target));
+}
+
 /// Reads `path` in a child process (its pages dropped first, so the read goes through
 /// FUSE): its SHA-256, or the error; SIGKILLed after `limit` (reported as a hang).
 fn read_file(path: &Path, limit: Duration) -> Result<String, String> {
@@ -137,34 +209,20 @@ fn healthy_within(addr: std::net::SocketAddr, since: Instant, limit: Duration) -
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_while_the_store_hangs_resumes_held_mounts_and_bounds_reads() {
-    if !can_mount() {
-        eprintln!("SKIPPED: needs root and /dev/fuse to mount FUSE");
-        return;
-    }
-    let Some(moto) = start_moto(BUCKET) else {
+    let Some(mut outage) = Outage::start() else {
         return;
     };
-    let work = tempfile::tempdir().unwrap();
-    let digest = push_version(&moto, work.path(), "restart-outage", 7).await;
-    let proxy = StoreProxy::start(moto.port);
-    let holder = FdHolder::start(&work.path().join("fd-holder.sock"));
+    let digest = outage.version("restart-outage", 7).await;
+    let holder = outage.holder();
     let metrics_addr = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap();
-    let mut args = store_args(&proxy);
-    args.push(format!("--fd-holder={}", holder.socket.display()));
-    args.push(format!("--metrics-addr={metrics_addr}"));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let store_url = format!("s3://{BUCKET}");
-
-    let plugin = Plugin::start(&store_url, &args);
+    outage.args.push(format!("--metrics-addr={metrics_addr}"));
+    let (proxy, work) = (&outage.proxy, &outage.work);
+    let plugin = outage.plugin();
     let target = plugin.pods().join("a/volume");
-    let mut client = NodeClient::new(plugin.channel().await);
-    client
-        .node_publish_volume(common::publish_digest("vol", &target, &digest.to_string()))
-        .await
-        .expect("publish while the store answers");
+    publish(&plugin, "vol", &target, &digest).await;
     let tree = work.path().join("tree-restart-outage");
     let read_sha = sha256(&std::fs::read(tree.join("read.bin")).unwrap());
     let unread_sha = sha256(&std::fs::read(tree.join("unread.bin")).unwrap());
@@ -179,9 +237,8 @@ async fn restart_while_the_store_hangs_resumes_held_mounts_and_bounds_reads() {
     proxy.down();
     let mut plugin = plugin;
     for round in 1..=2 {
-        let home = plugin.crash();
         let started = Instant::now();
-        plugin = Plugin::start_in(home, &store_url, &args);
+        plugin = outage.restart(plugin);
         let socket_in = started.elapsed();
         let healthy_in = healthy_within(metrics_addr, started, Duration::from_secs(10));
         eprintln!("restart {round}: socket after {socket_in:?}, /healthz 200 after {healthy_in:?}");
@@ -236,43 +293,24 @@ async fn restart_while_the_store_hangs_resumes_held_mounts_and_bounds_reads() {
             ),
         }
     }
-    let mut client = NodeClient::new(plugin.channel().await);
-    client
-        .node_unpublish_volume(NodeUnpublishVolumeRequest {
-            volume_id: "vol".into(),
-            target_path: target.display().to_string(),
-        })
-        .await
-        .expect("unpublish");
-    assert!(!sealed_csi::mounts::is_mount_point(&target));
+    unpublish(&plugin, "vol", &target).await;
     assert!(holder.client().list().expect("list").is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unpublish_does_not_wait_for_a_publish_stuck_on_the_store() {
-    if !can_mount() {
-        eprintln!("SKIPPED: needs root and /dev/fuse to mount FUSE");
-        return;
-    }
-    let Some(moto) = start_moto(BUCKET) else {
+    let Some(outage) = Outage::start() else {
         return;
     };
-    let work = tempfile::tempdir().unwrap();
-    let a = push_version(&moto, work.path(), "lock-a", 11).await;
-    let b = push_version(&moto, work.path(), "lock-b", 13).await;
-    let proxy = StoreProxy::start(moto.port);
-    let args = store_args(&proxy);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let plugin = Plugin::start(&format!("s3://{BUCKET}"), &args);
+    let a = outage.version("lock-a", 11).await;
+    let b = outage.version("lock-b", 13).await;
+    let plugin = outage.plugin();
     let target_a = plugin.pods().join("a/volume");
     let target_b = plugin.pods().join("b/volume");
+    publish(&plugin, "vol-a", &target_a, &a).await;
     let mut client = NodeClient::new(plugin.channel().await);
-    client
-        .node_publish_volume(common::publish_digest("vol-a", &target_a, &a.to_string()))
-        .await
-        .expect("publish A while the store answers");
 
-    proxy.down();
+    outage.proxy.down();
     let mut stuck_client = NodeClient::new(plugin.channel().await);
     let request = common::publish_digest("vol-b", &target_b, &b.to_string());
     let stuck = tokio::spawn(async move {
@@ -320,39 +358,26 @@ async fn unpublish_does_not_wait_for_a_publish_stuck_on_the_store() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_mount_that_cannot_be_resumed_fails_its_readers_instead_of_hanging() {
-    if !can_mount() {
-        eprintln!("SKIPPED: needs root and /dev/fuse to mount FUSE");
-        return;
-    }
-    let Some(moto) = start_moto(BUCKET) else {
+    let Some(mut outage) = Outage::start() else {
         return;
     };
-    let work = tempfile::tempdir().unwrap();
-    let digest = push_version(&moto, work.path(), "give-up", 17).await;
-    let proxy = StoreProxy::start(moto.port);
-    let holder = FdHolder::start(&work.path().join("fd-holder.sock"));
-    let mut args = store_args(&proxy);
-    args.push(format!("--fd-holder={}", holder.socket.display()));
-    args.push("--resume-deadline=3".into());
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let store_url = format!("s3://{BUCKET}");
-    let plugin = Plugin::start(&store_url, &args);
+    let digest = outage.version("give-up", 17).await;
+    let holder = outage.holder();
+    outage.args.push("--resume-deadline=3".into());
+    let plugin = outage.plugin();
     let target = plugin.pods().join("a/volume");
-    let mut client = NodeClient::new(plugin.channel().await);
-    client
-        .node_publish_volume(common::publish_digest("vol", &target, &digest.to_string()))
-        .await
-        .expect("publish while the store answers");
+    publish(&plugin, "vol", &target, &digest).await;
     assert!(read_file(&target.join("read.bin"), Duration::from_secs(30)).is_ok());
 
     // A restart with the store down and no kept manifest (a mount made by an older plugin):
     // nothing can serve the mount, so its readers must get an error after the deadline.
-    proxy.down();
+    outage.proxy.down();
     let home = plugin.crash();
     for entry in std::fs::read_dir(home.path().join("state/manifests")).unwrap() {
         std::fs::remove_file(entry.unwrap().path()).unwrap();
     }
-    let plugin = Plugin::start_in(home, &store_url, &args);
+    let args: Vec<&str> = outage.args.iter().map(String::as_str).collect();
+    let plugin = Plugin::start_in(home, &format!("s3://{BUCKET}"), &args);
     let asked = Instant::now();
     let read = read_file(&target.join("read.bin"), Duration::from_secs(30));
     let took = asked.elapsed();
@@ -369,13 +394,5 @@ async fn a_held_mount_that_cannot_be_resumed_fails_its_readers_instead_of_hangin
         "the holder let go of the abandoned mount's fd"
     );
     // Its target still unpublishes.
-    let mut client = NodeClient::new(plugin.channel().await);
-    client
-        .node_unpublish_volume(NodeUnpublishVolumeRequest {
-            volume_id: "vol".into(),
-            target_path: target.display().to_string(),
-        })
-        .await
-        .expect("unpublish of an abandoned mount's target");
-    assert!(!sealed_csi::mounts::is_mount_point(&target));
+    unpublish(&plugin, "vol", &target).await;
 }
