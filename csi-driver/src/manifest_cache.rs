@@ -12,7 +12,6 @@ use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-use object_store::path::Path as ObjectPath;
 use sealed_store::{ChunkStore, Digest};
 
 use crate::error::CsiError;
@@ -131,7 +130,7 @@ pub async fn fetch(
     match store.get_manifest_bytes(digest).await {
         Ok(bytes) => Ok(bytes),
         Err(missing @ sealed_store::Error::UnknownVersion { .. }) if trash => {
-            match from_trash(store, digest).await {
+            match sealed_store::trash::read_trashed_manifest(store, digest).await {
                 Ok(Some(bytes)) => {
                     tracing::info!(%digest, "manifest found in the trash");
                     Ok(bytes)
@@ -142,43 +141,6 @@ pub async fn fetch(
         }
         Err(e) => Err(classify(e)),
     }
-}
-
-/// `trash/<hex>`: the layout of `sealed_store::trash` (its key helper is crate-private;
-/// keep the two in step).
-fn trash_key(digest: &Digest) -> ObjectPath {
-    ObjectPath::from(format!("trash/{}", digest.hex()))
-}
-
-async fn from_trash(
-    store: &ChunkStore,
-    digest: &Digest,
-) -> Result<Option<Bytes>, sealed_store::Error> {
-    let backend = |source| sealed_store::Error::Backend {
-        store: store.name().to_string(),
-        source,
-    };
-    let data = match store.object_store().get(&trash_key(digest)).await {
-        // Bounded before it is read: a manifest is never larger than the format allows.
-        Ok(r) if r.meta.size > sealed_store::manifest::MAX_MANIFEST_BYTES => {
-            return Err(sealed_store::Error::Other(format!(
-                "the trashed manifest of {digest} is {} bytes, over the {} byte limit",
-                r.meta.size,
-                sealed_store::manifest::MAX_MANIFEST_BYTES
-            )));
-        }
-        Ok(r) => r.bytes().await.map_err(backend)?,
-        Err(object_store::Error::NotFound { .. }) => return Ok(None),
-        Err(e) => return Err(backend(e)),
-    };
-    let actual = Digest::of(&data);
-    if actual != *digest {
-        return Err(sealed_store::Error::ManifestDigestMismatch {
-            digest: *digest,
-            actual,
-        });
-    }
-    Ok(Some(data))
 }
 
 #[cfg(test)]

@@ -218,6 +218,32 @@ pub(crate) fn record_digest(location: &ObjectPath) -> Option<Digest> {
     Digest::parse(hex).ok()
 }
 
+/// The manifest bytes of a version in the trash, verified against `digest` and read within
+/// the manifest bound; `None` when the trash has no manifest of it. For a reader that must
+/// keep serving a version deleted under it (the node plugin resuming a held mount); a new
+/// mount or pull of a trashed version is refused elsewhere.
+pub async fn read_trashed_manifest(
+    store: &ChunkStore,
+    digest: &Digest,
+) -> Result<Option<bytes::Bytes>> {
+    let bytes = match store.object_store().get(&trash_key(digest)).await {
+        Ok(r) => {
+            let what = format!("the trashed manifest of {digest}");
+            read_capped(store, r, &what, MAX_MANIFEST_BYTES).await?
+        }
+        Err(object_store::Error::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(store.backend(e)),
+    };
+    let actual = Digest::of(&bytes);
+    if actual != *digest {
+        return Err(Error::ManifestDigestMismatch {
+            digest: *digest,
+            actual,
+        });
+    }
+    Ok(Some(bytes))
+}
+
 /// The digest a `trash/<hex>` key names.
 pub(crate) fn manifest_digest(location: &ObjectPath) -> Option<Digest> {
     Digest::parse(location.filename()?).ok()

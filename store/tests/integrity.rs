@@ -414,3 +414,48 @@ async fn a_grace_period_that_overflows_the_clock_is_an_error_not_a_panic() {
     .await
     .unwrap();
 }
+
+/// A trashed version's manifest stays readable for the readers that hold it (the node plugin
+/// resuming a mount), verified: bytes under its trash key that are not that manifest are
+/// refused, and a version that was never trashed is `None`.
+#[tokio::test]
+async fn a_trashed_manifest_is_read_back_verified() {
+    use sealed_store::trash::read_trashed_manifest;
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("w.bin"), b"weights").unwrap();
+    let store = ChunkStore::memory();
+    let report = push(
+        &store,
+        tmp.path(),
+        &PushOptions::default(),
+        Arc::new(NoProgress),
+    )
+    .await
+    .unwrap();
+    let live = store.get_manifest_bytes(&report.digest).await.unwrap();
+    assert_eq!(
+        read_trashed_manifest(&store, &report.digest).await.unwrap(),
+        None
+    );
+    trash_version(&store, &report.digest, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert!(store.get_manifest_bytes(&report.digest).await.is_err());
+    let trashed = read_trashed_manifest(&store, &report.digest)
+        .await
+        .unwrap()
+        .expect("the trash keeps the manifest");
+    assert_eq!(trashed, live);
+
+    // Other bytes under the trash key: refused, never served as the version.
+    let key = object_store::path::Path::from(format!("trash/{}", report.digest.hex()));
+    store
+        .object_store()
+        .put(&key, Bytes::from_static(b"not the manifest").into())
+        .await
+        .unwrap();
+    let err = read_trashed_manifest(&store, &report.digest)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::ManifestDigestMismatch { .. }), "{err}");
+}
