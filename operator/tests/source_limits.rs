@@ -18,6 +18,8 @@ use sealed_operator::source::{
 use sealed_store::ChunkStore;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+mod support;
+
 const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
 /// What loopback sockets may hold between the server's writes and the client's reads
 /// (send and receive buffers, autotuned to a few MiB each).
@@ -122,20 +124,6 @@ impl Drop for HostileHub {
     }
 }
 
-fn response(status: &str, headers: &[(&str, String)], body: &[u8]) -> Vec<u8> {
-    let mut out = format!(
-        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        out.push_str(&format!("{k}: {v}\r\n"));
-    }
-    out.push_str("\r\n");
-    let mut out = out.into_bytes();
-    out.extend_from_slice(body);
-    out
-}
-
 /// A body without a length: it ends when the server closes the connection.
 fn endless(status: &str, first: &[u8], unit: &[u8]) -> Reply {
     Reply::Endless {
@@ -150,7 +138,7 @@ fn endless(status: &str, first: &[u8], unit: &[u8]) -> Reply {
 /// The Hub's answers for the repositories below; `acme/<case>` picks the misbehaviour.
 fn hostile(path: &str) -> Reply {
     let json = |body: String| {
-        Reply::Whole(response(
+        Reply::Whole(support::http_response(
             "200 OK",
             &[("Content-Type", "application/json".into())],
             body.as_bytes(),
@@ -180,12 +168,12 @@ fn hostile(path: &str) -> Reply {
             .and_then(|c| c.parse().ok())
             .unwrap_or(0);
         if page >= 1000 {
-            return Reply::Whole(response("404 Not Found", &[], b""));
+            return Reply::Whole(support::http_response("404 Not Found", &[], b""));
         }
         let entries: Vec<String> = (0..1000)
             .map(|i| format!(r#"{{"type": "directory", "path": "d/{page}/{i}"}}"#))
             .collect();
-        return Reply::Whole(response(
+        return Reply::Whole(support::http_response(
             "200 OK",
             &[
                 ("Content-Type", "application/json".into()),
@@ -209,7 +197,7 @@ fn hostile(path: &str) -> Reply {
     if path.starts_with("/acme/long-file/resolve/") {
         return endless("200 OK", b"", &[0u8; 64 << 10]);
     }
-    Reply::Whole(response(
+    Reply::Whole(support::http_response(
         "404 Not Found",
         &[("X-Error-Code", "RepoNotFound".into())],
         b"",

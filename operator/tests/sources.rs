@@ -678,20 +678,6 @@ impl Drop for Recorder {
     }
 }
 
-fn http_response(status: &str, headers: &[(&str, String)], body: &[u8]) -> Vec<u8> {
-    let mut out = format!(
-        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        out.push_str(&format!("{k}: {v}\r\n"));
-    }
-    out.push_str("\r\n");
-    let mut out = out.into_bytes();
-    out.extend_from_slice(body);
-    out
-}
-
 /// The request line's path.
 fn request_path(head: &str) -> &str {
     head.split_whitespace().nth(1).unwrap_or("")
@@ -705,7 +691,7 @@ async fn hostile_hub(next: String) -> Recorder {
     Recorder::start(move |head| {
         let path = request_path(head);
         let json = |body: &str| {
-            http_response(
+            support::http_response(
                 "200 OK",
                 &[("Content-Type", "application/json".into())],
                 body.as_bytes(),
@@ -715,7 +701,7 @@ async fn hostile_hub(next: String) -> Recorder {
         if path.contains("/revision/") {
             json(&format!(r#"{{"sha": "{COMMIT}"}}"#))
         } else if path.starts_with("/api/models/acme/paged/tree/") {
-            http_response(
+            support::http_response(
                 "200 OK",
                 &[
                     ("Content-Type", "application/json".into()),
@@ -731,13 +717,13 @@ async fn hostile_hub(next: String) -> Recorder {
         } else if path.starts_with("/api/models/acme/redirect/tree/") {
             json(tree)
         } else if path.starts_with("/acme/redirect/resolve/") {
-            http_response(
+            support::http_response(
                 "302 Found",
                 &[("Location", format!("{next}/cdn/a.txt"))],
                 b"",
             )
         } else {
-            http_response(
+            support::http_response(
                 "404 Not Found",
                 &[("X-Error-Code", "RepoNotFound".into())],
                 b"",
@@ -749,7 +735,7 @@ async fn hostile_hub(next: String) -> Recorder {
 
 /// An attacker's endpoint: answers everything with 200 "hello" (a 5-byte file, an S3 error).
 async fn attacker() -> Recorder {
-    Recorder::start(|_| http_response("200 OK", &[], b"hello")).await
+    Recorder::start(|_| support::http_response("200 OK", &[], b"hello")).await
 }
 
 #[tokio::test]

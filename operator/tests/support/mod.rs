@@ -6,12 +6,15 @@
 
 #[path = "../../../store/tests/support/servers.rs"]
 mod servers;
+#[allow(unused_imports)]
 pub use servers::*;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+// Not every test that includes this module uses every re-export.
+#[allow(unused_imports)]
 pub use sealed_e2e::pseudo_random;
 
 /// hack/hub-server.py serving the repositories under `root` (ROOT/<org>/<name>/), with
@@ -42,4 +45,19 @@ pub fn start_hub(root: &Path, page_size: usize) -> Option<Server> {
         url,
         _dir: None,
     })
+}
+
+/// A whole HTTP/1.1 response with a Content-Length, for the hand-made servers of the tests.
+pub fn http_response(status: &str, headers: &[(&str, String)], body: &[u8]) -> Vec<u8> {
+    let mut out = format!(
+        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        out.push_str(&format!("{k}: {v}\r\n"));
+    }
+    out.push_str("\r\n");
+    let mut out = out.into_bytes();
+    out.extend_from_slice(body);
+    out
 }
