@@ -3,6 +3,8 @@
 //! FUSE worker), and a manifest whose symlinks lead out of the volume through each other is
 //! refused before anything is mounted.
 
+mod common;
+
 use std::path::Path;
 
 use bytes::Bytes;
@@ -11,21 +13,7 @@ use sealed_mount::{
     FetchError, FsError, MountError, MountHandle, MountOptions, NodeCache, NodeCacheOptions,
     ReadaheadPolicy, SealedFs, Tree,
 };
-use sealed_store::{
-    ChunkParams, ChunkRef, ChunkStore, Digest, Entry, EntryKind, FileEntry, Manifest,
-};
-
-fn file(path: &str, content: &[u8], chunks: Vec<ChunkRef>) -> Entry {
-    Entry {
-        path: path.into(),
-        kind: EntryKind::File(FileEntry {
-            executable: false,
-            size: content.len() as u64,
-            blake3: Digest::of(content),
-            chunks,
-        }),
-    }
-}
+use sealed_store::{ChunkParams, ChunkRef, ChunkStore, Digest, Entry, EntryKind, Manifest};
 
 fn chunk(data: &[u8], len: u32) -> ChunkRef {
     ChunkRef {
@@ -46,12 +34,12 @@ async fn lying_version(store: &ChunkStore) -> Digest {
     let m = Manifest {
         chunking: ChunkParams::default(),
         entries: vec![
-            file(
+            common::file_entry(
                 "good",
                 b"hello world",
                 vec![chunk(b"hello", 5), chunk(b" world", 6)],
             ),
-            file("short", b"hello world", vec![chunk(b"hello", 11)]),
+            common::file_entry("short", b"hello world", vec![chunk(b"hello", 11)]),
         ],
     };
     store.put_manifest(m.encode().unwrap()).await.unwrap()

@@ -17,9 +17,7 @@ use sealed_mount::{
     FetchPolicy, MountError, MountHandle, MountLimits, MountOptions, NodeCache, NodeCacheOptions,
     ReadaheadPolicy, SealedFs, Tree,
 };
-use sealed_store::{
-    ChunkParams, ChunkRef, ChunkStore, Digest, Entry, EntryKind, FileEntry, Manifest,
-};
+use sealed_store::{ChunkParams, ChunkRef, ChunkStore, Digest, Entry, EntryKind, Manifest};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -27,18 +25,6 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
-}
-
-fn file_entry(path: &str, content: &[u8], chunks: Vec<ChunkRef>) -> Entry {
-    Entry {
-        path: path.into(),
-        kind: EntryKind::File(FileEntry {
-            executable: false,
-            size: content.len() as u64,
-            blake3: Digest::of(content),
-            chunks,
-        }),
-    }
 }
 
 /// `content` cut into chunks of `chunk_len` bytes, each stored on the server.
@@ -50,7 +36,7 @@ fn chunked(server: &MiniS3, path: &str, content: &[u8], chunk_len: usize) -> Ent
             len: c.len() as u32,
         })
         .collect();
-    file_entry(path, content, chunks)
+    common::file_entry(path, content, chunks)
 }
 
 fn seal(server: &MiniS3, mut entries: Vec<Entry>) -> Digest {

@@ -349,19 +349,24 @@ async fn pull_writes_links_only_inside_the_destination() {
     );
 }
 
-#[tokio::test]
-async fn a_retention_that_overflows_the_clock_is_an_error_not_a_panic() {
+/// A version of one small file, pushed to `store`.
+async fn push_one_file(store: &ChunkStore) -> sealed_store::push::PushReport {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join("w.bin"), b"weights").unwrap();
-    let store = ChunkStore::memory();
-    let report = push(
-        &store,
+    push(
+        store,
         tmp.path(),
         &PushOptions::default(),
         Arc::new(NoProgress),
     )
     .await
-    .unwrap();
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_retention_that_overflows_the_clock_is_an_error_not_a_panic() {
+    let store = ChunkStore::memory();
+    let report = push_one_file(&store).await;
     for retention in [
         Duration::from_secs(3_000_000_000 * 3600),
         Duration::MAX,
@@ -421,17 +426,8 @@ async fn a_grace_period_that_overflows_the_clock_is_an_error_not_a_panic() {
 #[tokio::test]
 async fn a_trashed_manifest_is_read_back_verified() {
     use sealed_store::trash::read_trashed_manifest;
-    let tmp = tempfile::tempdir().unwrap();
-    std::fs::write(tmp.path().join("w.bin"), b"weights").unwrap();
     let store = ChunkStore::memory();
-    let report = push(
-        &store,
-        tmp.path(),
-        &PushOptions::default(),
-        Arc::new(NoProgress),
-    )
-    .await
-    .unwrap();
+    let report = push_one_file(&store).await;
     let live = store.get_manifest_bytes(&report.digest).await.unwrap();
     assert_eq!(
         read_trashed_manifest(&store, &report.digest).await.unwrap(),

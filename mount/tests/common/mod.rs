@@ -231,3 +231,21 @@ pub fn walk(root: &Path) -> Vec<PathBuf> {
     out.sort();
     out
 }
+
+/// A file entry of `content` made of `chunks`, with its size and BLAKE3 (for hand-made
+/// manifests).
+pub fn file_entry(
+    path: &str,
+    content: &[u8],
+    chunks: Vec<sealed_store::ChunkRef>,
+) -> sealed_store::Entry {
+    sealed_store::Entry {
+        path: path.into(),
+        kind: sealed_store::EntryKind::File(sealed_store::FileEntry {
+            executable: false,
+            size: content.len() as u64,
+            blake3: sealed_store::Digest::of(content),
+            chunks,
+        }),
+    }
+}
