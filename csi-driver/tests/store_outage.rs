@@ -14,7 +14,8 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::outage::{Moto, StoreProxy, start_moto};
+use common::outage::StoreProxy;
+use common::servers::{Server, start_moto};
 use common::{FdHolder, Plugin, can_mount};
 use sealed_csi::csi::NodeUnpublishVolumeRequest;
 use sealed_csi::csi::node_client::NodeClient;
@@ -36,8 +37,8 @@ fn bytes(len: usize, seed: u32) -> Vec<u8> {
 }
 
 /// A version with a file the test reads before the outage and one it does not, pushed to
-/// a file store under `dir` and copied into moto's bucket.
-async fn push_version(moto: &Moto, dir: &Path, name: &str, seed: u32) -> Digest {
+/// moto's bucket (directly, not through the proxy).
+async fn push_version(moto: &Server, dir: &Path, name: &str, seed: u32) -> Digest {
     let tree = dir.join(format!("tree-{name}"));
     std::fs::create_dir_all(&tree).unwrap();
     std::fs::write(tree.join("config.json"), format!(r#"{{"model":"{name}"}}"#)).unwrap();
@@ -47,16 +48,23 @@ async fn push_version(moto: &Moto, dir: &Path, name: &str, seed: u32) -> Digest 
         bytes(2_000_000, seed ^ 0x5555_5555),
     )
     .unwrap();
-    let store_dir = dir.join(format!("store-{name}"));
-    std::fs::create_dir_all(&store_dir).unwrap();
-    let url = format!("file://{}", store_dir.display());
-    let store = ChunkStore::open(&url, &StoreOptions::default())
+    // SAFETY: set before any store in this process reads the environment; every test sets
+    // the same values (moto accepts any).
+    unsafe {
+        std::env::set_var("AWS_ACCESS_KEY_ID", "test");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "test");
+    }
+    let options = StoreOptions {
+        endpoint: Some(moto.url.clone()),
+        region: Some("us-east-1".into()),
+        ..StoreOptions::default()
+    };
+    let store = ChunkStore::open(&format!("s3://{BUCKET}"), &options)
         .await
         .unwrap();
     let report = push(&store, &tree, &PushOptions::default(), Arc::new(NoProgress))
         .await
         .unwrap();
-    moto.upload_file_store(&store_dir, BUCKET);
     report.digest
 }
 
@@ -73,7 +81,7 @@ fn store_args(proxy: &StoreProxy) -> Vec<String> {
 /// a work dir, and the plugin's store flags. `None` (with the reason printed) where FUSE or
 /// moto is not available.
 struct Outage {
-    moto: Moto,
+    moto: Server,
     proxy: StoreProxy,
     work: tempfile::TempDir,
     args: Vec<String>,
@@ -85,7 +93,7 @@ impl Outage {
             eprintln!("SKIPPED: needs root and /dev/fuse to mount FUSE");
             return None;
         }
-        let moto = start_moto(BUCKET)?;
+        let moto = start_moto(BUCKET, false)?;
         let proxy = StoreProxy::start(moto.port);
         let args = store_args(&proxy);
         Some(Outage {

@@ -4,6 +4,9 @@
 #![allow(dead_code)]
 
 pub mod outage;
+/// moto and Azurite, shared with the store's and the operator's tests.
+#[path = "../../../store/tests/support/servers.rs"]
+pub mod servers;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

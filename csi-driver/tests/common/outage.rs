@@ -1,106 +1,11 @@
-//! A store that can go down: moto's S3 server (PyPI) behind a TCP proxy the test switches
-//! off. Switched off, the proxy keeps accepting connections and keeps the open ones, but
+//! A store that can go down: moto's S3 server (PyPI, started by the store's shared
+//! `servers::start_moto`) behind a TCP proxy the test switches off. Switched off, the proxy keeps accepting connections and keeps the open ones, but
 //! never answers again: a store that hangs, the worst kind of down.
 
 use std::io::{Read as _, Write as _};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-
-/// moto's S3 server on a loopback port, with one bucket. Killed when dropped.
-pub struct Moto {
-    child: Child,
-    pub port: u16,
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn have(binary: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {binary}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// `None` (the test skips) when moto is not installed, unless SEALED_REQUIRE_SERVERS=1.
-pub fn start_moto(bucket: &str) -> Option<Moto> {
-    if !have("moto_server") {
-        assert!(
-            std::env::var("SEALED_REQUIRE_SERVERS").map_or(true, |v| v != "1"),
-            "moto_server not installed (pip install 'moto[server]')"
-        );
-        eprintln!("SKIPPED: moto_server not installed (pip install 'moto[server]')");
-        return None;
-    }
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut child = Command::new("moto_server")
-        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start moto_server");
-    let started = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("moto_server exited early: {status}");
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "moto_server did not listen"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let moto = Moto { child, port };
-    // moto does not check signatures, so plain PUTs create the bucket and its objects.
-    moto.curl_put(&format!("/{bucket}"), None);
-    Some(moto)
-}
-
-impl Moto {
-    fn curl_put(&self, path: &str, file: Option<&Path>) {
-        let mut cmd = Command::new("curl");
-        cmd.args(["-sf", "--max-time", "30", "-X", "PUT"]);
-        if let Some(file) = file {
-            // Not curl's default form type, which moto would try to parse.
-            cmd.args(["-H", "Content-Type: application/octet-stream"]);
-            cmd.arg("--data-binary").arg(format!("@{}", file.display()));
-        }
-        let status = cmd
-            .arg(format!("http://127.0.0.1:{}{path}", self.port))
-            .status()
-            .expect("curl");
-        assert!(status.success(), "PUT {path} failed");
-    }
-
-    /// Copies every object of the file:// store at `dir` into `bucket`, under the same keys.
-    pub fn upload_file_store(&self, dir: &Path, bucket: &str) {
-        let mut stack = vec![dir.to_path_buf()];
-        while let Some(d) = stack.pop() {
-            for entry in std::fs::read_dir(&d).unwrap().flatten() {
-                let path = entry.path();
-                if path.is_dir() {
-                    stack.push(path);
-                    continue;
-                }
-                let key = path.strip_prefix(dir).unwrap().display().to_string();
-                self.curl_put(&format!("/{bucket}/{key}"), Some(&path));
-            }
-        }
-    }
-}
 
 /// A TCP proxy in front of a server, switched on and off by the test.
 pub struct StoreProxy {
