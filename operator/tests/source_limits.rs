@@ -16,7 +16,7 @@ use sealed_operator::source::{
     sync_source,
 };
 use sealed_store::ChunkStore;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 mod support;
 
@@ -60,15 +60,9 @@ impl HostileHub {
             while let Ok((mut conn, _)) = listener.accept().await {
                 let (seen, count, respond) = (seen.clone(), count.clone(), respond.clone());
                 tokio::spawn(async move {
-                    let mut head = Vec::new();
-                    let mut buf = [0u8; 4096];
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match conn.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => head.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    let head = String::from_utf8_lossy(&head).into_owned();
+                    let Some(head) = support::read_request_head(&mut conn).await else {
+                        return;
+                    };
                     let line = head.lines().next().unwrap_or("").to_owned();
                     seen.lock().unwrap().push(line.clone());
                     let path = line.split_whitespace().nth(1).unwrap_or("").to_owned();

@@ -23,7 +23,7 @@ use sealed_operator::source::{
 use sealed_store::push::{PushOptions, push};
 use sealed_store::{ChunkStore, Digest, NoProgress};
 use support::{AZURITE_ACCOUNT, AZURITE_KEY, pseudo_random};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 /// A model-shaped tree: nested directories, an empty file, a file over 8 MiB, one shorter than
 /// the minimum chunk, JSON. (Sources carry no empty directories, symlinks or modes.)
@@ -625,15 +625,9 @@ impl Recorder {
             while let Ok((mut conn, _)) = listener.accept().await {
                 let (seen, respond) = (seen.clone(), respond.clone());
                 tokio::spawn(async move {
-                    let mut head = Vec::new();
-                    let mut buf = [0u8; 4096];
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match conn.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => head.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    let head = String::from_utf8_lossy(&head).into_owned();
+                    let Some(head) = support::read_request_head(&mut conn).await else {
+                        return;
+                    };
                     seen.lock().unwrap().push(head.clone());
                     let _ = conn.write_all(&respond(&head)).await;
                     let _ = conn.shutdown().await;

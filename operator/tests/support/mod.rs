@@ -61,3 +61,17 @@ pub fn http_response(status: &str, headers: &[(&str, String)], body: &[u8]) -> V
     out.extend_from_slice(body);
     out
 }
+
+/// Reads an HTTP/1.1 request up to the end of its head; `None` if the client hung up first.
+pub async fn read_request_head(conn: &mut tokio::net::TcpStream) -> Option<String> {
+    use tokio::io::AsyncReadExt as _;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match conn.read(&mut buf).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    Some(String::from_utf8_lossy(&head).into_owned())
+}
