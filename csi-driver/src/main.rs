@@ -59,7 +59,8 @@ struct Args {
     #[arg(long, default_value_t = MountLimits::default().max_chunks)]
     max_mount_chunks: u64,
     /// Per mount: most memory the mounted tree may need (bytes; K, M, G, T suffixes)
-    #[arg(long, default_value = "512M", value_parser = parse_size)]
+    #[arg(long, default_value_t = MountLimits::default().max_manifest_bytes,
+          value_parser = parse_size)]
     max_mount_memory: u64,
     /// Per mount: most chunk fetches one read may have in flight (1 to 4096)
     #[arg(long, default_value_t = MountLimits::default().max_fetches_per_read,
