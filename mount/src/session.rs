@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
-use sealed_store::{ChunkStore, Digest};
+use sealed_store::{ChunkStore, Digest, Manifest};
 use tokio::sync::watch;
 
 use crate::error::MountError;
@@ -83,8 +83,9 @@ fn is_root() -> bool {
 
 impl MountHandle {
     /// Mounts `digest` from `store` at `mountpoint` and serves it in the background. Only the
-    /// manifest is fetched before this returns; file bytes stream in as they are read.
-    /// Must be called within a tokio runtime, which then serves the reads.
+    /// manifest is fetched (and verified against `digest`) before this returns; file bytes
+    /// stream in as they are read. Must be called within a tokio runtime, which then serves
+    /// the reads.
     pub async fn spawn(
         store: ChunkStore,
         digest: Digest,
@@ -93,38 +94,31 @@ impl MountHandle {
         options: MountOptions,
     ) -> Result<MountHandle, MountError> {
         let started = Instant::now();
-        let mountpoint = mountpoint.as_ref().to_path_buf();
-        let bad_dir = |reason: String| MountError::MountPoint {
-            path: mountpoint.clone(),
-            reason,
-        };
-        match std::fs::metadata(&mountpoint) {
-            Ok(m) if m.is_dir() => {}
-            Ok(_) => return Err(bad_dir("not a directory".into())),
-            Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
-                return Err(bad_dir(format!(
-                    "{e}: a mount whose server is gone is still attached here; \
-                     `sealed umount --lazy {}` detaches it",
-                    mountpoint.display()
-                )));
-            }
-            Err(e) => return Err(bad_dir(e.to_string())),
-        }
-        let (fs, adapter, config) = prepare(store, digest, cache, &options).await?;
-        let mp = mountpoint.clone();
-        let session = tokio::task::spawn_blocking(move || Session::new(adapter, &mp, &config))
-            .await
-            .map_err(|e| MountError::Mount {
-                path: mountpoint.clone(),
-                source: io::Error::other(e.to_string()),
-            })?
-            .map_err(|source| MountError::Mount {
-                path: mountpoint.clone(),
-                source,
-            })?;
-        let mut session = session;
-        let unmounter = Unmounter::Session(session.unmount_callable());
-        start(session, unmounter, fs, mountpoint, options, started, false).await
+        let mountpoint = mountpoint.as_ref();
+        // A bad directory is named before the store is asked for anything.
+        check_mountpoint(mountpoint)?;
+        let manifest = fetch_manifest(&store, digest, &options.limits).await?;
+        let prepared = prepare(store, digest, manifest, cache, &options)?;
+        spawn_prepared(started, prepared, mountpoint, options).await
+    }
+
+    /// [`MountHandle::spawn`] for a caller that already holds the version's manifest,
+    /// parsed from bytes it verified against `digest` (the CSI node plugin keeps such a copy
+    /// under its state dir). The store is read only for chunks, so the mount is served even
+    /// where the store no longer has, or cannot now serve, the manifest object.
+    pub async fn spawn_with_manifest(
+        store: ChunkStore,
+        digest: Digest,
+        manifest: Manifest,
+        mountpoint: impl AsRef<Path>,
+        cache: NodeCache,
+        options: MountOptions,
+    ) -> Result<MountHandle, MountError> {
+        let started = Instant::now();
+        let mountpoint = mountpoint.as_ref();
+        check_mountpoint(mountpoint)?;
+        let prepared = prepare(store, digest, manifest, cache, &options)?;
+        spawn_prepared(started, prepared, mountpoint, options).await
     }
 
     /// Serves a version that is already mounted at `mountpoint` through the FUSE connection
@@ -140,25 +134,26 @@ impl MountHandle {
         options: MountOptions,
     ) -> Result<MountHandle, MountError> {
         let started = Instant::now();
-        let mountpoint = mountpoint.as_ref().to_path_buf();
-        let (fs, adapter, config) = prepare(store, digest, cache, &options).await?;
-        let mount_err = |source: io::Error| MountError::Mount {
-            path: mountpoint.clone(),
-            source,
-        };
-        let session = crate::reattach::session_for_live_fd(adapter, fuse, config)
-            .map_err(|e| mount_err(io::Error::new(e.kind(), format!("re-attaching: {e}"))))?;
-        // Before any worker reads: requests the old server had taken join the pending queue.
-        match crate::reattach::notify_resend(session.as_fd()) {
-            Ok(true) => {}
-            Ok(false) => tracing::warn!(
-                "this kernel cannot resend requests the previous server took (needs Linux \
-                 6.9); reads that were in flight when it stopped stay unanswered"
-            ),
-            Err(e) => return Err(mount_err(io::Error::new(e.kind(), format!("resend: {e}")))),
-        }
-        let unmounter = Unmounter::Path(mountpoint.clone());
-        start(session, unmounter, fs, mountpoint, options, started, true).await
+        let manifest = fetch_manifest(&store, digest, &options.limits).await?;
+        let prepared = prepare(store, digest, manifest, cache, &options)?;
+        resume_prepared(started, prepared, fuse, mountpoint.as_ref(), options).await
+    }
+
+    /// [`MountHandle::resume`] from a manifest the caller holds, parsed from bytes it
+    /// verified against `digest` (see [`MountHandle::spawn_with_manifest`]): a held mount is
+    /// served again even while the store cannot serve the manifest.
+    pub async fn resume_with_manifest(
+        store: ChunkStore,
+        digest: Digest,
+        manifest: Manifest,
+        fuse: OwnedFd,
+        mountpoint: impl AsRef<Path>,
+        cache: NodeCache,
+        options: MountOptions,
+    ) -> Result<MountHandle, MountError> {
+        let started = Instant::now();
+        let prepared = prepare(store, digest, manifest, cache, &options)?;
+        resume_prepared(started, prepared, fuse, mountpoint.as_ref(), options).await
     }
 
     /// A duplicate of the mount's /dev/fuse fd, for a holder process that keeps the mount
@@ -303,18 +298,53 @@ impl Unmounter {
     }
 }
 
-/// The filesystem for `digest` and the FUSE settings every mount of it uses.
-async fn prepare(
-    store: ChunkStore,
+/// The mount point must be an existing directory; one whose server is gone gets the way out.
+fn check_mountpoint(mountpoint: &Path) -> Result<(), MountError> {
+    let bad_dir = |reason: String| MountError::MountPoint {
+        path: mountpoint.to_path_buf(),
+        reason,
+    };
+    match std::fs::metadata(mountpoint) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(bad_dir("not a directory".into())),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => Err(bad_dir(format!(
+            "{e}: a mount whose server is gone is still attached here; \
+             `sealed umount --lazy {}` detaches it",
+            mountpoint.display()
+        ))),
+        Err(e) => Err(bad_dir(e.to_string())),
+    }
+}
+
+/// `digest`'s manifest from the store, verified against the digest; its encoded size is
+/// checked against `limits` before it is parsed.
+async fn fetch_manifest(
+    store: &ChunkStore,
     digest: Digest,
-    cache: NodeCache,
-    options: &MountOptions,
-) -> Result<(Arc<SealedFs>, FuseAdapter, Config), MountError> {
-    let limits = &options.limits;
+    limits: &MountLimits,
+) -> Result<Manifest, MountError> {
     let bytes = store.get_manifest_bytes(&digest).await?;
     limits.check_encoded(digest, bytes.len() as u64)?;
-    let manifest = sealed_store::Manifest::parse(&bytes)?;
-    drop(bytes);
+    Ok(Manifest::parse(&bytes)?)
+}
+
+/// A version ready to be served: its filesystem, the FUSE adapter over it, and the FUSE
+/// settings every mount of it uses.
+struct Prepared {
+    fs: Arc<SealedFs>,
+    adapter: FuseAdapter,
+    config: Config,
+}
+
+/// The filesystem for `digest` (whose verified manifest is `manifest`) and its FUSE settings.
+fn prepare(
+    store: ChunkStore,
+    digest: Digest,
+    manifest: Manifest,
+    cache: NodeCache,
+    options: &MountOptions,
+) -> Result<Prepared, MountError> {
+    let limits = &options.limits;
     limits.check_manifest(digest, &manifest)?;
     let tree =
         Tree::build(manifest).map_err(|reason| MountError::BadManifest { digest, reason })?;
@@ -339,7 +369,73 @@ async fn prepare(
     };
     config.n_threads = Some(options.threads.max(1));
     config.clone_fd = options.threads > 1 && !options.restartable;
-    Ok((fs, adapter, config))
+    Ok(Prepared {
+        fs,
+        adapter,
+        config,
+    })
+}
+
+/// Mounts a prepared version at `mountpoint` and serves it.
+async fn spawn_prepared(
+    started: Instant,
+    prepared: Prepared,
+    mountpoint: &Path,
+    options: MountOptions,
+) -> Result<MountHandle, MountError> {
+    let Prepared {
+        fs,
+        adapter,
+        config,
+    } = prepared;
+    let mountpoint = mountpoint.to_path_buf();
+    let mp = mountpoint.clone();
+    let session = tokio::task::spawn_blocking(move || Session::new(adapter, &mp, &config))
+        .await
+        .map_err(|e| MountError::Mount {
+            path: mountpoint.clone(),
+            source: io::Error::other(e.to_string()),
+        })?
+        .map_err(|source| MountError::Mount {
+            path: mountpoint.clone(),
+            source,
+        })?;
+    let mut session = session;
+    let unmounter = Unmounter::Session(session.unmount_callable());
+    start(session, unmounter, fs, mountpoint, options, started, false).await
+}
+
+/// Serves a prepared version over the live FUSE connection `fuse` mounted at `mountpoint`.
+async fn resume_prepared(
+    started: Instant,
+    prepared: Prepared,
+    fuse: OwnedFd,
+    mountpoint: &Path,
+    options: MountOptions,
+) -> Result<MountHandle, MountError> {
+    let Prepared {
+        fs,
+        adapter,
+        config,
+    } = prepared;
+    let mountpoint = mountpoint.to_path_buf();
+    let mount_err = |source: io::Error| MountError::Mount {
+        path: mountpoint.clone(),
+        source,
+    };
+    let session = crate::reattach::session_for_live_fd(adapter, fuse, config)
+        .map_err(|e| mount_err(io::Error::new(e.kind(), format!("re-attaching: {e}"))))?;
+    // Before any worker reads: requests the old server had taken join the pending queue.
+    match crate::reattach::notify_resend(session.as_fd()) {
+        Ok(true) => {}
+        Ok(false) => tracing::warn!(
+            "this kernel cannot resend requests the previous server took (needs Linux \
+             6.9); reads that were in flight when it stopped stay unanswered"
+        ),
+        Err(e) => return Err(mount_err(io::Error::new(e.kind(), format!("resend: {e}")))),
+    }
+    let unmounter = Unmounter::Path(mountpoint.clone());
+    start(session, unmounter, fs, mountpoint, options, started, true).await
 }
 
 /// Runs `session` in the background and returns its handle.

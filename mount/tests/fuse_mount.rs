@@ -402,3 +402,71 @@ fn mount_time_does_not_grow_with_data_size() {
         );
     }
 }
+
+#[test]
+fn spawn_with_manifest_needs_no_manifest_in_the_store_and_still_verifies_chunks() {
+    if !fuse_available() {
+        return;
+    }
+    let rt = runtime();
+    let fx = rt.block_on(fixture());
+    // The caller's verified copy; then the store loses the manifest object.
+    let manifest = rt.block_on(fx.store.get_manifest(&fx.digest)).unwrap();
+    fs::remove_file(
+        fx.store_dir
+            .join(ChunkStore::manifest_key(&fx.digest).as_ref()),
+    )
+    .unwrap();
+    let cache = NodeCache::new(&NodeCacheOptions::default()).unwrap();
+    let fetching = tempfile::tempdir().unwrap();
+    let err = rt
+        .block_on(MountHandle::spawn(
+            fx.store.clone(),
+            fx.digest,
+            fetching.path(),
+            cache.clone(),
+            MountOptions::default(),
+        ))
+        .err()
+        .expect("spawn needs the manifest from the store");
+    assert!(err.to_string().contains(&fx.digest.to_string()), "{err}");
+
+    let small = manifest
+        .entries
+        .iter()
+        .find_map(|e| match &e.kind {
+            EntryKind::File(f) if e.path == "weights/small.bin" => Some(f.chunks[0].digest),
+            _ => None,
+        })
+        .unwrap();
+    corrupt_chunk(&fx.store_dir, &small);
+    let mnt = tempfile::tempdir().unwrap();
+    let handle = rt
+        .block_on(MountHandle::spawn_with_manifest(
+            fx.store.clone(),
+            fx.digest,
+            manifest,
+            mnt.path(),
+            cache,
+            MountOptions::default(),
+        ))
+        .unwrap();
+    let m = mnt.path();
+    assert!(is_mounted(m));
+    assert_eq!(walk(m), walk(&fx.src));
+    for rel in [
+        "tiny.txt",
+        "weights/model-00001.bin",
+        "weights/model-copy.bin",
+    ] {
+        assert!(
+            fs::read(m.join(rel)).unwrap() == fs::read(fx.src.join(rel)).unwrap(),
+            "{rel}"
+        );
+    }
+    // Chunks are still verified: the corrupt one is EIO, never wrong bytes.
+    let err = fs::read(m.join("weights/small.bin")).unwrap_err();
+    assert_eq!(errno_of(err), libc::EIO);
+    assert!(handle.metrics().snapshot().verification_failures >= 1);
+    rt.block_on(handle.unmount()).unwrap();
+}
