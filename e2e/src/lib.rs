@@ -234,20 +234,9 @@ where
     }
 }
 
-/// Test data: xorshift64, the same bytes on every run and machine (as store/tests/support,
-/// which cannot depend on this crate's cluster helpers).
-pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(len);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
+/// Test data: xorshift64, the same bytes on every run and machine (one definition, in
+/// sealed-test-support).
+pub use sealed_test_support::pseudo_random;
 
 /// Waits until namespace `ns` has its `default` ServiceAccount: pods are refused until the
 /// controller-manager has made it, which lags by seconds on a freshly started cluster.

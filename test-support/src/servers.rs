@@ -1,7 +1,6 @@
 //! The real servers tests run against, on loopback ports: moto's S3 server (PyPI) and Azurite
-//! (npm). Shared as a source file by store/tests/support and operator/tests/support (the
-//! store's tests cannot depend on a crate that depends on the store). A missing tool skips
-//! the test, or fails it under SEALED_REQUIRE_SERVERS=1 (as .ci/run sets).
+//! (npm). A missing tool skips the test, or fails it under SEALED_REQUIRE_SERVERS=1 (as
+//! .ci/run sets).
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -28,7 +27,7 @@ impl Drop for Server {
     }
 }
 
-/// The repository's root (this file's crate sits one level below it).
+/// The repository's root (this crate sits one level below it).
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
