@@ -99,10 +99,10 @@ async fn collect_capped(
 /// listed (the listing is streamed and stopped there).
 pub(crate) async fn list_capped(
     store: &ChunkStore,
-    prefix: &str,
+    prefix: &ObjectPath,
     limit: u64,
 ) -> Result<Vec<ObjectMeta>> {
-    let mut listing = store.object_store().list(Some(&ObjectPath::from(prefix)));
+    let mut listing = store.raw().list(Some(prefix));
     let mut out = Vec::new();
     while let Some(meta) = listing.try_next().await.map_err(|e| store.backend(e))? {
         if out.len() as u64 >= limit {
@@ -120,6 +120,7 @@ pub(crate) async fn list_capped(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layout::Prefix;
 
     fn pieces(sizes: &[usize]) -> impl Stream<Item = Result<Bytes>> + Unpin {
         let items: Vec<Result<Bytes>> = sizes
@@ -149,16 +150,17 @@ mod tests {
     #[tokio::test]
     async fn listings_are_counted_and_stopped_past_their_bound() {
         let store = ChunkStore::memory();
+        let trash = Prefix::Trash.path();
         for i in 0..5 {
-            let key = ObjectPath::from(format!("trash/{i}"));
+            let key = trash.child(i.to_string());
             store
-                .object_store()
+                .raw()
                 .put(&key, object_store::PutPayload::from_static(b"x"))
                 .await
                 .unwrap();
         }
-        assert_eq!(list_capped(&store, "trash", 5).await.unwrap().len(), 5);
-        match list_capped(&store, "trash", 4).await {
+        assert_eq!(list_capped(&store, &trash, 5).await.unwrap().len(), 5);
+        match list_capped(&store, &trash, 4).await {
             Err(Error::ListingTooLong { prefix, limit, .. }) => {
                 assert_eq!((prefix.as_str(), limit), ("trash/", 4));
             }

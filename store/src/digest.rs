@@ -51,6 +51,16 @@ impl Digest {
     }
 }
 
+/// Hash and compare: `Err(actual)` when `data` does not hash to `expected`.
+pub(crate) fn verify_digest(expected: &Digest, data: &[u8]) -> std::result::Result<(), Digest> {
+    let actual = Digest::of(data);
+    if actual == *expected {
+        Ok(())
+    } else {
+        Err(actual)
+    }
+}
+
 impl From<blake3::Hash> for Digest {
     fn from(h: blake3::Hash) -> Self {
         Digest(*h.as_bytes())

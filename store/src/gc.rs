@@ -18,22 +18,20 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use futures::{StreamExt, TryStreamExt};
+use object_store::ObjectMeta;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectMeta, PutMode, PutOptions, PutPayload, UpdateVersion};
 
-use crate::bounded::{MAX_LISTED_OBJECTS, MAX_MANIFEST_BYTES, list_capped, read_capped};
-use crate::digest::Digest;
+use crate::bounded::{MAX_LISTED_OBJECTS, list_capped};
+use crate::clock::{DEFAULT_LEASE_TTL, StoreClock};
+use crate::digest::{Digest, verify_digest};
 use crate::error::{Error, Result};
-use crate::lease::{
-    DEFAULT_LEASE_TTL, GC_MARKER_KEY, GcMarker, Keepalive, LeaseRecord, StoreClock, delete_quietly,
-    hostname, list_leases, random_id,
-};
+use crate::gc_marker::HeldMarker;
+use crate::layout::{self, Prefix, TrashKey};
+use crate::lease::{LeaseRecord, list_leases};
 use crate::manifest::Manifest;
+use crate::objects::found;
 use crate::store::ChunkStore;
-use crate::trash::{
-    TRASH_PREFIX, TrashRecord, delete_if_present, manifest_digest, record_digest, trash_key,
-    trash_record_key,
-};
+use crate::trash::read_trashed_bytes;
 
 /// Chunks younger than this are never swept, whatever marks them (defence in depth against
 /// writers that take no lease, e.g. older clients, and against clock trouble).
@@ -122,7 +120,7 @@ pub async fn collect(store: &ChunkStore, opts: &GcOptions) -> Result<GcReport> {
     if !wait_for_writers(store, &clock, opts.writer_wait, &mut report).await? {
         return Ok(report);
     }
-    let mut marker = Marker::take(store, &clock, opts.marker_ttl).await?;
+    let mut marker = HeldMarker::take(store, &clock, opts.marker_ttl).await?;
     let start = opts.now.unwrap_or_else(|| clock.now());
     report.started_at = Some(start);
     let result = async {
@@ -175,7 +173,7 @@ async fn wait_for_writers(
         if live.is_empty() {
             // Leases of crashed writers: their holders can no longer seal anything.
             for lease in &expired {
-                delete_quietly(store, &ObjectPath::from(format!("leases/{}", lease.id))).await;
+                store.delete_quietly(&layout::lease_key(&lease.id)).await;
             }
             report.stale_leases_removed += expired.len() as u64;
             return Ok(true);
@@ -209,12 +207,12 @@ async fn run(
     store: &ChunkStore,
     opts: &GcOptions,
     start: DateTime<Utc>,
-    marker: Option<&Marker>,
+    marker: Option<&HeldMarker>,
     report: &mut GcReport,
 ) -> Result<()> {
     let fence = |what: &str| -> Result<()> {
         match marker {
-            Some(m) => m.fence(store, what),
+            Some(m) => m.fence(what),
             None => Ok(()),
         }
     };
@@ -222,19 +220,22 @@ async fn run(
     // 3. Expired trash. The manifest copy goes first, its record second, so a crash in
     //    between leaves a record without a manifest (restore says "reclaimed"), never a
     //    restorable-looking manifest whose chunks were swept.
-    let trash = list_prefix(store, TRASH_PREFIX).await?;
+    let trash = list_prefix(store, Prefix::Trash).await?;
     let mut trash_manifests: HashSet<Digest> = HashSet::new();
     let mut records: Vec<Digest> = Vec::new();
     for meta in &trash {
-        if let Some(d) = record_digest(&meta.location) {
-            records.push(d);
-        } else if let Some(d) = manifest_digest(&meta.location) {
-            trash_manifests.insert(d);
+        match layout::parse_trash_key(&meta.location) {
+            Some(TrashKey::Record(d)) => records.push(d),
+            Some(TrashKey::Manifest(d)) => {
+                trash_manifests.insert(d);
+            }
+            None => {}
         }
     }
     report.trash_scanned = records.len().max(trash_manifests.len()) as u64;
     for digest in records {
-        let Some(record) = read_record_strict(store, &digest).await? else {
+        // Absent or unreadable records never expire.
+        let Some(record) = crate::trash::read_record(store, &digest).await? else {
             continue; // unreadable: keep its manifest (marked below)
         };
         if !record.expired_at(start) {
@@ -245,8 +246,12 @@ async fn run(
         trash_manifests.remove(&digest);
         if marker.is_some() {
             fence("reclaiming expired trash")?;
-            delete_if_present(store, &trash_key(&digest)).await?;
-            delete_if_present(store, &trash_record_key(&digest)).await?;
+            store
+                .delete_if_exists(&layout::trash_manifest_key(&digest))
+                .await?;
+            store
+                .delete_if_exists(&layout::trash_record_key(&digest))
+                .await?;
             tracing::info!(%digest, "expired trash entry reclaimed");
         }
     }
@@ -254,8 +259,8 @@ async fn run(
     // 4. Mark. Every manifest left in the store or the trash keeps all its chunks; one that
     //    cannot be read stops the collection (we cannot know what it names).
     let mut marked: HashSet<Digest> = HashSet::new();
-    for meta in list_prefix(store, "manifests").await? {
-        let Some(digest) = meta.location.filename().and_then(|f| Digest::parse(f).ok()) else {
+    for meta in list_prefix(store, Prefix::Manifests).await? {
+        let Some(digest) = layout::parse_manifest_key(&meta.location) else {
             continue;
         };
         let manifest = match store.get_manifest(&digest).await {
@@ -272,27 +277,19 @@ async fn run(
         marked.extend(manifest.unique_chunks().into_iter().map(|c| c.digest));
     }
     for digest in &trash_manifests {
-        let key = trash_key(digest);
-        let bytes = match store.object_store().get(&key).await {
-            Ok(r) => {
-                let what = format!("trashed manifest {key}");
-                read_capped(store, r, &what, MAX_MANIFEST_BYTES).await?
-            }
-            Err(object_store::Error::NotFound { .. }) => continue,
-            Err(e) => return Err(store.backend(e)),
+        let key = layout::trash_manifest_key(digest);
+        let Some(bytes) = read_trashed_bytes(store, digest).await? else {
+            continue;
         };
-        let actual = Digest::of(&bytes);
-        if actual != *digest {
-            return Err(Error::CorruptRecord {
-                store: store.name().to_owned(),
-                what: "trashed manifest".into(),
-                key: key.to_string(),
-                reason: format!(
-                    "its bytes hash to {actual}; garbage collection stops rather than guess \
-                     which chunks it names (remove or repair the object)"
-                ),
-            });
-        }
+        verify_digest(digest, &bytes).map_err(|actual| Error::CorruptRecord {
+            store: store.name().to_owned(),
+            what: "trashed manifest".into(),
+            key: key.to_string(),
+            reason: format!(
+                "its bytes hash to {actual}; garbage collection stops rather than guess \
+                 which chunks it names (remove or repair the object)"
+            ),
+        })?;
         let manifest = Manifest::parse(&bytes).map_err(|e| unreadable(store, &key, e))?;
         marked.extend(manifest.unique_chunks().into_iter().map(|c| c.digest));
     }
@@ -301,9 +298,9 @@ async fn run(
     // 5. Sweep.
     let cutoff = crate::limits::earlier(start, opts.grace, "grace period")?;
     let mut doomed: Vec<ObjectMeta> = Vec::new();
-    let mut listing = store.object_store().list(Some(&ObjectPath::from("chunks")));
+    let mut listing = store.raw().list(Some(&Prefix::Chunks.path()));
     while let Some(meta) = listing.try_next().await.map_err(|e| store.backend(e))? {
-        let Some(digest) = meta.location.filename().and_then(|f| Digest::parse(f).ok()) else {
+        let Some(digest) = layout::parse_chunk_key(&meta.location) else {
             continue; // not a chunk of ours
         };
         report.chunks_scanned += 1;
@@ -328,15 +325,12 @@ async fn run(
     for batch in doomed.chunks(SWEEP_BATCH) {
         fence("sweeping chunks")?;
         let paths = futures::stream::iter(batch.iter().map(|m| Ok(m.location.clone()))).boxed();
-        let mut deleted = store.object_store().delete_stream(paths);
+        let mut deleted = store.raw().delete_stream(paths);
         while let Some(res) = deleted.next().await {
-            match res {
-                Ok(path) => {
-                    report.chunks_deleted += 1;
-                    report.bytes_freed += sizes.get(&path).copied().unwrap_or(0);
-                }
-                Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(store.backend(e)),
+            // Already gone is fine: another collection, or a crash's retry, deleted it.
+            if let Some(path) = found(res).map_err(|e| store.backend(e))? {
+                report.chunks_deleted += 1;
+                report.bytes_freed += sizes.get(&path).copied().unwrap_or(0);
             }
         }
     }
@@ -355,189 +349,6 @@ fn unreadable(store: &ChunkStore, key: &ObjectPath, e: Error) -> Error {
     }
 }
 
-async fn list_prefix(store: &ChunkStore, prefix: &str) -> Result<Vec<ObjectMeta>> {
-    list_capped(store, prefix, MAX_LISTED_OBJECTS).await
-}
-
-/// A trash record; `None` when absent or unreadable (unreadable ones never expire).
-async fn read_record_strict(store: &ChunkStore, digest: &Digest) -> Result<Option<TrashRecord>> {
-    crate::trash::read_record(store, digest).await
-}
-
-/// The `gc/running` marker this collection holds.
-struct Marker {
-    store: ChunkStore,
-    record: GcMarker,
-    keepalive: Keepalive,
-    ttl: Duration,
-}
-
-impl Marker {
-    async fn take(store: &ChunkStore, clock: &StoreClock, ttl: Duration) -> Result<Marker> {
-        let ttl = ttl.max(Duration::from_millis(300));
-        let key = ObjectPath::from(GC_MARKER_KEY);
-        let id = random_id();
-        let host = hostname();
-        let pid = std::process::id();
-        for _ in 0..3 {
-            let written_at = Instant::now();
-            let now = Utc::now();
-            let record = GcMarker {
-                id: id.clone(),
-                host: host.clone(),
-                pid,
-                started_at: now,
-                expires_at: crate::limits::later(now, ttl, "garbage-collection marker TTL")?,
-                ttl_secs: Some(ttl.as_secs().max(1)),
-            };
-            let body = serde_json::to_vec(&record)
-                .map_err(|e| Error::Other(format!("{GC_MARKER_KEY}: {e}")))?;
-            let create = PutOptions {
-                mode: PutMode::Create,
-                ..Default::default()
-            };
-            let taken = match store
-                .object_store()
-                .put_opts(&key, PutPayload::from(body.clone()), create)
-                .await
-            {
-                Ok(put) => Some(put.e_tag),
-                Err(object_store::Error::AlreadyExists { .. }) => {
-                    Self::take_over(store, clock, &key, &body).await?
-                }
-                // No conditional create on this server: check, then write.
-                Err(object_store::Error::NotImplemented) => {
-                    if let Some(existing) = crate::lease::read_gc_marker(store).await?
-                        && existing.expires_at > clock.now()
-                    {
-                        return Err(busy(store, existing));
-                    }
-                    let put = store
-                        .object_store()
-                        .put(&key, PutPayload::from(body))
-                        .await
-                        .map_err(|e| store.backend(e))?;
-                    Some(put.e_tag)
-                }
-                Err(e) => return Err(store.backend(e)),
-            };
-            if let Some(etag) = taken {
-                let keepalive = Keepalive::start(store, key, record.clone(), ttl, written_at, etag);
-                tracing::info!(marker = %id, "garbage collection started");
-                return Ok(Marker {
-                    store: store.clone(),
-                    record,
-                    keepalive,
-                    ttl,
-                });
-            }
-        }
-        Err(Error::Other(format!(
-            "store {}: could not take the garbage-collection marker {GC_MARKER_KEY} after 3 \
-             attempts (another collection keeps starting?); try again",
-            store.name()
-        )))
-    }
-
-    /// The marker exists: busy if it is live, else replace it. True when ours now; false to
-    /// retry the create.
-    async fn take_over(
-        store: &ChunkStore,
-        clock: &StoreClock,
-        key: &ObjectPath,
-        body: &[u8],
-    ) -> Result<Option<Option<String>>> {
-        let meta = match store.object_store().head(key).await {
-            Ok(m) => m,
-            Err(object_store::Error::NotFound { .. }) => return Ok(None),
-            Err(e) => return Err(store.backend(e)),
-        };
-        // Its expiry by the store's clock (read_gc_marker judges it so).
-        let Some(existing) = crate::lease::read_gc_marker(store).await? else {
-            return Ok(None);
-        };
-        if existing.expires_at > clock.now() {
-            return Err(busy(store, existing));
-        }
-        tracing::warn!(
-            host = %existing.host,
-            pid = existing.pid,
-            "taking over the expired marker of a garbage collection that did not finish"
-        );
-        let update = PutOptions {
-            mode: PutMode::Update(UpdateVersion {
-                e_tag: meta.e_tag.clone(),
-                version: meta.version.clone(),
-            }),
-            ..Default::default()
-        };
-        match store
-            .object_store()
-            .put_opts(key, PutPayload::from(body.to_vec()), update)
-            .await
-        {
-            Ok(put) => Ok(Some(put.e_tag)),
-            // Someone else replaced it first.
-            Err(object_store::Error::Precondition { .. }) => {
-                match crate::lease::read_gc_marker(store).await? {
-                    Some(m) => Err(busy(store, m)),
-                    None => Ok(None),
-                }
-            }
-            // No conditional update (a local directory): delete it if it is still the stale
-            // one, then create again (conditionally, so of two collections doing this at
-            // once only one wins).
-            Err(object_store::Error::NotImplemented) => {
-                match store.object_store().head(key).await {
-                    Ok(now)
-                        if now.e_tag == meta.e_tag && now.last_modified == meta.last_modified =>
-                    {
-                        delete_if_present(store, key).await?;
-                    }
-                    Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
-                    Err(e) => return Err(store.backend(e)),
-                }
-                Ok(None)
-            }
-            Err(e) => Err(store.backend(e)),
-        }
-    }
-
-    /// Ok while the marker is known to stay unexpired for longer than one batch of store
-    /// requests can take (the store's request bound, at most a quarter of the TTL): only
-    /// then may anything be deleted, so no delete lands after a writer could see the marker
-    /// expired and start reusing chunks.
-    fn fence(&self, store: &ChunkStore, what: &str) -> Result<()> {
-        let margin = store.request_bound().min(self.ttl / 4);
-        if self.keepalive.is_live_for(margin) {
-            return Ok(());
-        }
-        Err(Error::GcMarkerLapsed {
-            store: store.name().to_owned(),
-            what: what.to_owned(),
-        })
-    }
-
-    /// Stops renewal and deletes the marker if it is still ours.
-    async fn remove(&mut self) -> Result<()> {
-        self.keepalive.stop().await;
-        let key = ObjectPath::from(GC_MARKER_KEY);
-        match crate::lease::read_gc_marker(&self.store).await? {
-            Some(m) if m.id == self.record.id => delete_if_present(&self.store, &key).await,
-            _ => {
-                tracing::warn!("the gc/running marker is no longer ours; leaving it");
-                Ok(())
-            }
-        }
-    }
-}
-
-fn busy(store: &ChunkStore, m: GcMarker) -> Error {
-    Error::GcBusy {
-        store: store.name().to_owned(),
-        host: m.host,
-        pid: m.pid,
-        started_at: m.started_at.to_rfc3339(),
-        expires_at: m.expires_at.to_rfc3339(),
-    }
+async fn list_prefix(store: &ChunkStore, prefix: Prefix) -> Result<Vec<ObjectMeta>> {
+    list_capped(store, &prefix.path(), MAX_LISTED_OBJECTS).await
 }

@@ -2,8 +2,8 @@
 //!
 //! A source (a Hugging Face repository, a bucket prefix) hands each file over as an
 //! [`AsyncRead`]; the bytes go through a bounded channel to the same chunker `push` uses
-//! ([`chunk_reader_with_sink`], on a blocking thread), and every distinct chunk goes to one
-//! background uploader that asks the store whether it has the chunk and uploads it if not,
+//! ([`chunk_reader_with_sink`], on a blocking thread), and every distinct chunk goes to the
+//! same background [`Uploader`] push uses, which uploads the chunks the store lacks,
 //! `concurrency` at a time. Nothing is staged on disk; memory stays at the chunker's read block
 //! per file in flight plus `concurrency` chunks.
 //!
@@ -12,28 +12,26 @@
 //! files give the same digest whichever way they arrive. The order is push's: every chunk
 //! durable, then `sync`, then the manifest (conditional create), then the volume record.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::io::{self, Read};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::{Bytes, BytesMut};
-use futures::StreamExt;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 
 use crate::chunker::{ChunkParams, chunk_reader_with_sink};
-use crate::digest::Digest;
 use crate::error::{Error, Result};
 use crate::lease::WriterLease;
 use crate::manifest::{
     ChunkRef, Entry, EntryKind, FileEntry, Manifest, validate_path, validate_symlink_target,
 };
 use crate::progress::{Phase, Progress};
-use crate::push::{PushReport, UploadStats, seal_manifest};
+use crate::push::{PushReport, seal_manifest};
 use crate::scan::check_symlink_loops;
 use crate::store::{ChunkStore, validate_volume_name};
+use crate::upload::{ChunkSender, Uploader, UploaderStopped};
 
 /// How to ingest: the same knobs as a push.
 #[derive(Clone, Debug)]
@@ -66,8 +64,6 @@ pub type IngestReport = PushReport;
 const FEED_BLOCK: usize = 1024 * 1024;
 /// Blocks queued between the feeder and the chunker.
 const FEED_DEPTH: usize = 4;
-/// What the chunker's sink reports when the uploader has stopped (its error is the real one).
-const UPLOADER_STOPPED: &str = "uploader stopped";
 
 /// A version being sealed from streams. Add files (several at once if you like: every method
 /// takes `&self`), then [`seal`](Ingest::seal) it, or [`abort`](Ingest::abort) it on failure.
@@ -77,12 +73,9 @@ pub struct Ingest {
     volume: Option<String>,
     progress: Arc<dyn Progress>,
     entries: Mutex<BTreeMap<String, EntryKind>>,
-    /// Chunks already handed to the uploader (each distinct chunk goes once).
-    seen: Arc<Mutex<HashSet<Digest>>>,
-    chunks_tx: Option<mpsc::Sender<(ChunkRef, Bytes)>>,
-    uploader: Option<JoinHandle<Option<UploadStats>>>,
-    /// The uploader's first error, for whichever caller notices the uploader stopped.
-    upload_error: Arc<Mutex<Option<Error>>>,
+    /// Where every file's chunker hands its chunks; `None` once sealing began.
+    chunks_tx: Option<ChunkSender>,
+    uploader: Uploader,
     /// Held from before the first chunk check until the manifest is written, so no garbage
     /// collection sweeps a chunk this ingest found present (docs/gc.md).
     lease: Option<WriterLease>,
@@ -106,26 +99,15 @@ impl Ingest {
             validate_volume_name(volume)?;
         }
         let lease = WriterLease::acquire(store, &opts.purpose).await?;
-        let concurrency = opts.concurrency.max(1);
-        let (chunks_tx, chunks_rx) = mpsc::channel(concurrency * 2);
-        let upload_error = Arc::new(Mutex::new(None));
-        let uploader = tokio::spawn(upload_missing(
-            store.clone(),
-            chunks_rx,
-            concurrency,
-            progress.clone(),
-            upload_error.clone(),
-        ));
+        let (uploader, chunks_tx) = Uploader::start(store, opts.concurrency, progress.clone());
         Ok(Ingest {
             store: store.clone(),
             params: opts.params.clone(),
             volume: opts.volume.clone(),
             progress,
             entries: Mutex::new(BTreeMap::new()),
-            seen: Arc::new(Mutex::new(HashSet::new())),
             chunks_tx: Some(chunks_tx),
-            uploader: Some(uploader),
-            upload_error,
+            uploader,
             lease: Some(lease),
         })
     }
@@ -159,22 +141,10 @@ impl Ingest {
             .clone()
             .ok_or_else(|| Error::Other("ingest already sealed".into()))?;
         let (feed_tx, feed_rx) = mpsc::channel::<io::Result<Bytes>>(FEED_DEPTH);
-        let seen = self.seen.clone();
         let params = self.params.clone();
         let progress = self.progress.clone();
         let chunker = tokio::task::spawn_blocking(move || {
-            let sink = |chunk: &ChunkRef, bytes: &[u8]| -> io::Result<()> {
-                let first = seen
-                    .lock()
-                    .map_err(|_| io::Error::other("chunk set poisoned"))?
-                    .insert(chunk.digest);
-                if first {
-                    chunks_tx
-                        .blocking_send((*chunk, Bytes::copy_from_slice(bytes)))
-                        .map_err(|_| io::Error::other(UPLOADER_STOPPED))?;
-                }
-                Ok(())
-            };
+            let sink = |chunk: &ChunkRef, bytes: &[u8]| chunks_tx.send_blocking(chunk, bytes);
             let reader = ChannelReader {
                 rx: feed_rx,
                 current: Bytes::new(),
@@ -185,9 +155,9 @@ impl Ingest {
         let chunked = chunked.map_err(|e| Error::Other(format!("chunking task failed: {e}")))?;
         // The real cause first: the uploader's failure, then the source's, then the chunker's.
         if let Err(e) = &chunked
-            && e.to_string() == UPLOADER_STOPPED
+            && UploaderStopped::caused(e)
         {
-            return Err(self.upload_error().in_file(path));
+            return Err(self.uploader.take_error().in_file(path));
         }
         fed.map_err(|e| Error::io(PathBuf::from(path), e))?;
         let content = chunked.map_err(|e| Error::io(PathBuf::from(path), e))?;
@@ -256,13 +226,7 @@ impl Ingest {
             .take()
             .ok_or_else(|| Error::Other("ingest already sealed".into()))?;
         let result = self.seal_leased(&lease).await;
-        match lease.release().await {
-            Ok(()) => {}
-            // The seal's own outcome matters more; an unreleased lease only expires.
-            Err(e) if result.is_err() => tracing::warn!(error = %e, "cannot release writer lease"),
-            Err(e) => return Err(e),
-        }
-        result
+        lease.release_keeping(result).await
     }
 
     async fn seal_leased(&mut self, lease: &WriterLease) -> Result<IngestReport> {
@@ -289,10 +253,7 @@ impl Ingest {
     /// `Ingest` does the same in the background.
     pub async fn abort(mut self) {
         self.chunks_tx = None;
-        if let Some(uploader) = self.uploader.take() {
-            uploader.abort();
-            let _ = uploader.await;
-        }
+        self.uploader.abort().await;
         if let Some(lease) = self.lease.take()
             && let Err(e) = lease.release().await
         {
@@ -300,35 +261,10 @@ impl Ingest {
         }
     }
 
-    async fn finish_uploads(&mut self) -> Result<UploadStats> {
+    async fn finish_uploads(&mut self) -> Result<crate::upload::UploadStats> {
         // Closing our sender ends the uploader once every add_file's chunker has finished.
         self.chunks_tx = None;
-        let uploader = self
-            .uploader
-            .take()
-            .ok_or_else(|| Error::Other("ingest already sealed".into()))?;
-        let stats = uploader
-            .await
-            .map_err(|e| Error::Other(format!("upload task failed: {e}")))?;
-        stats.ok_or_else(|| self.upload_error())
-    }
-
-    /// The uploader's error (once; later callers get a pointer to it).
-    fn upload_error(&self) -> Error {
-        let taken = self
-            .upload_error
-            .lock()
-            .ok()
-            .and_then(|mut slot| slot.take());
-        taken.unwrap_or_else(|| Error::Other("a chunk upload failed earlier in this ingest".into()))
-    }
-}
-
-impl Drop for Ingest {
-    fn drop(&mut self) {
-        if let Some(uploader) = self.uploader.take() {
-            uploader.abort();
-        }
+        self.uploader.finish().await
     }
 }
 
@@ -388,54 +324,6 @@ impl Read for ChannelReader {
         buf[..n].copy_from_slice(&self.current.split_to(n));
         Ok(n)
     }
-}
-
-/// Uploads each chunk the store lacks, `concurrency` at a time. On failure the error goes to
-/// `error` and the result is `None`; dropping the receiver stops the chunkers.
-async fn upload_missing(
-    store: ChunkStore,
-    rx: mpsc::Receiver<(ChunkRef, Bytes)>,
-    concurrency: usize,
-    progress: Arc<dyn Progress>,
-    error: Arc<Mutex<Option<Error>>>,
-) -> Option<UploadStats> {
-    let chunks = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    });
-    let results = chunks
-        .map(|(chunk, data)| {
-            let progress = progress.clone();
-            let store = &store;
-            async move {
-                let len = u64::from(chunk.len);
-                if store.has_chunk(&chunk.digest).await? {
-                    progress.reused(len);
-                    return Ok::<_, Error>((false, len));
-                }
-                store.put_chunk(&chunk.digest, data).await?;
-                progress.uploaded(len);
-                Ok((true, len))
-            }
-        })
-        .buffer_unordered(concurrency);
-    let mut results = std::pin::pin!(results);
-    let mut stats = UploadStats::default();
-    while let Some(result) = results.next().await {
-        match result {
-            Ok((true, len)) => {
-                stats.chunks_uploaded += 1;
-                stats.bytes_uploaded += len;
-            }
-            Ok((false, len)) => stats.bytes_reused += len,
-            Err(e) => {
-                if let Ok(mut slot) = error.lock() {
-                    slot.get_or_insert(e);
-                }
-                return None;
-            }
-        }
-    }
-    Some(stats)
 }
 
 /// The manifest's entries: every parent directory of every entry added, sorted by path bytes

@@ -6,21 +6,28 @@
 
 pub mod bounded;
 pub mod chunker;
+mod clock;
 pub mod diff;
 pub mod digest;
 pub mod error;
 pub mod gc;
+pub mod gc_marker;
+mod holder;
 mod http_cap;
 pub mod ingest;
+mod keepalive;
+pub mod layout;
 pub mod lease;
 pub mod limits;
 pub mod manifest;
+mod objects;
 pub mod progress;
 pub mod pull;
 pub mod push;
 pub mod scan;
 pub mod store;
 pub mod trash;
+mod upload;
 pub mod verify;
 
 pub use chunker::ChunkParams;

@@ -1,8 +1,8 @@
 //! Push: scan a directory, upload only the chunks the store lacks, then seal the manifest.
 //!
-//! One pass over the data: as the scanner hashes each chunk it hands the bytes to an uploader
-//! that asks the store whether it has the chunk and uploads it if not, several at once, through
-//! a bounded channel (so memory stays at `concurrency` chunks however large the tree).
+//! One pass over the data: as the scanner hashes each chunk it hands the bytes to the
+//! [`Uploader`], which uploads the chunks the store lacks, several at once, through a bounded
+//! channel (so memory stays at `concurrency` chunks however large the tree).
 //!
 //! Order matters for "nothing lost": every chunk is uploaded and made durable before the
 //! manifest that names it is written, and the manifest is written with a conditional create.
@@ -10,22 +10,18 @@
 //! manifest with holes. The whole push holds a writer lease, so no garbage collection sweeps
 //! while it decides which chunks the store already has (docs/gc.md).
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-
-use bytes::Bytes;
-use futures::{StreamExt, TryStreamExt};
-use tokio::sync::mpsc;
+use std::sync::Arc;
 
 use crate::chunker::ChunkParams;
 use crate::digest::Digest;
 use crate::error::{Error, Result};
-use crate::lease::WriterLease;
+use crate::lease::{WriterLease, with_writer_lease};
 use crate::manifest::{ChunkRef, EntryKind, Manifest};
 use crate::progress::{Phase, Progress};
 use crate::scan::{ScanOptions, ScannedTree, ensure_unchanged, scan};
 use crate::store::{ChunkStore, validate_volume_name};
+use crate::upload::{ChunkSender, UploadStats, Uploader};
 
 #[derive(Clone, Debug)]
 pub struct PushOptions {
@@ -66,17 +62,6 @@ pub struct PushReport {
     pub manifest_bytes: u64,
 }
 
-/// What one push or ingest uploaded, and what it found the store already had.
-#[derive(Default)]
-pub(crate) struct UploadStats {
-    pub(crate) chunks_uploaded: u64,
-    pub(crate) bytes_uploaded: u64,
-    pub(crate) bytes_reused: u64,
-}
-
-/// What the scanner's sink reports when the uploader has stopped (its error is the real one).
-const UPLOADER_STOPPED: &str = "uploader stopped";
-
 pub async fn push(
     store: &ChunkStore,
     dir: &Path,
@@ -88,15 +73,10 @@ pub async fn push(
     }
     // No garbage collection may sweep between our first "the store has this chunk" and the
     // manifest that names it: hold a writer lease for the whole push (docs/gc.md).
-    let lease = WriterLease::acquire(store, &push_purpose(dir, opts)).await?;
-    let result = push_leased(store, dir, opts, progress, &lease).await;
-    match lease.release().await {
-        Ok(()) => {}
-        // The push's own outcome matters more; an unreleased lease only expires.
-        Err(e) if result.is_err() => tracing::warn!(error = %e, "cannot release writer lease"),
-        Err(e) => return Err(e),
-    }
-    result
+    with_writer_lease(store, &push_purpose(dir, opts), async |lease| {
+        push_leased(store, dir, opts, progress, lease).await
+    })
+    .await
 }
 
 fn push_purpose(dir: &Path, opts: &PushOptions) -> String {
@@ -113,13 +93,10 @@ async fn push_leased(
     progress: Arc<dyn Progress>,
     lease: &WriterLease,
 ) -> Result<PushReport> {
-    let concurrency = opts.concurrency.max(1);
-    let (tx, rx) = mpsc::channel::<(ChunkRef, Bytes)>(concurrency * 2);
-    let scanner = scan_blocking(dir.to_path_buf(), opts, progress.clone(), tx);
-    let uploader = upload_missing(store, rx, concurrency, progress.clone());
-    let (scanned, uploaded) = tokio::join!(scanner, uploader);
+    let (mut uploader, sender) = Uploader::start(store, opts.concurrency, progress.clone());
+    let scanned = scan_blocking(dir.to_path_buf(), opts, progress.clone(), sender).await;
     // An upload failure stops the scan too; report the cause, not the symptom.
-    let stats = uploaded?;
+    let stats = uploader.finish().await?;
     let tree = scanned?;
     progress.finish();
 
@@ -190,70 +167,18 @@ pub(crate) async fn seal_manifest(
     Ok(report)
 }
 
-/// Uploads each distinct chunk the store lacks, `concurrency` at a time.
-async fn upload_missing(
-    store: &ChunkStore,
-    rx: mpsc::Receiver<(ChunkRef, Bytes)>,
-    concurrency: usize,
-    progress: Arc<dyn Progress>,
-) -> Result<UploadStats> {
-    let chunks = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    });
-    chunks
-        .map(|(chunk, data)| {
-            let progress = progress.clone();
-            async move {
-                let len = u64::from(chunk.len);
-                if store.has_chunk(&chunk.digest).await? {
-                    progress.reused(len);
-                    return Ok::<_, Error>((false, len));
-                }
-                store.put_chunk(&chunk.digest, data).await?;
-                progress.uploaded(len);
-                Ok((true, len))
-            }
-        })
-        .buffer_unordered(concurrency)
-        .try_fold(
-            UploadStats::default(),
-            |mut stats, (uploaded, len)| async move {
-                if uploaded {
-                    stats.chunks_uploaded += 1;
-                    stats.bytes_uploaded += len;
-                } else {
-                    stats.bytes_reused += len;
-                }
-                Ok(stats)
-            },
-        )
-        .await
-}
-
 async fn scan_blocking(
     dir: PathBuf,
     opts: &PushOptions,
     progress: Arc<dyn Progress>,
-    tx: mpsc::Sender<(ChunkRef, Bytes)>,
+    sender: ChunkSender,
 ) -> Result<ScannedTree> {
     let params = opts.params.clone();
     let scan_opts = ScanOptions {
         threads: opts.threads,
     };
     tokio::task::spawn_blocking(move || {
-        // Each distinct chunk goes to the uploader once, however often it repeats.
-        let seen = Mutex::new(HashSet::new());
-        let sink = |chunk: &ChunkRef, bytes: &[u8]| -> std::io::Result<()> {
-            let first = seen
-                .lock()
-                .map_err(|_| std::io::Error::other("chunk set poisoned"))?
-                .insert(chunk.digest);
-            if first {
-                tx.blocking_send((*chunk, Bytes::copy_from_slice(bytes)))
-                    .map_err(|_| std::io::Error::other(UPLOADER_STOPPED))?;
-            }
-            Ok(())
-        };
+        let sink = |chunk: &ChunkRef, bytes: &[u8]| sender.send_blocking(chunk, bytes);
         let p = progress.clone();
         scan(
             &dir,

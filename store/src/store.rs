@@ -1,10 +1,5 @@
-//! The chunk store: one layout over any `object_store` backend, chosen by URL.
-//!
-//! ```text
-//! <prefix>/chunks/<first 2 hex>/<64 hex>     chunk bytes, named by their BLAKE3
-//! <prefix>/manifests/<64 hex>                sealed manifests, written once
-//! <prefix>/volumes/<volume>/<64 hex>         "this version was pushed to this volume" records
-//! ```
+//! The chunk store: one layout ([`crate::layout`]) over any `object_store` backend, chosen by
+//! URL. Chunks, manifests and volume records are read and written here.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -24,10 +19,12 @@ use object_store::{
 use url::Url;
 
 use crate::bounded::{MAX_CHUNK_BYTES, MAX_LISTED_OBJECTS, MAX_MANIFEST_BYTES, MAX_RECORD_BYTES};
-use crate::digest::Digest;
+use crate::digest::{Digest, verify_digest};
 use crate::error::{Error, Result};
 use crate::http_cap::CappedConnector;
+use crate::layout::{self, Prefix};
 use crate::manifest::Manifest;
+use crate::objects::found;
 
 /// How to reach a store. Credentials come from the environment as each backend documents
 /// (`AWS_ACCESS_KEY_ID`, `AZURE_STORAGE_ACCOUNT_KEY`, `GOOGLE_SERVICE_ACCOUNT`, …).
@@ -266,7 +263,7 @@ impl ChunkStore {
     }
 
     async fn probe(&self, timeout: Duration) -> Result<()> {
-        let prefix = ObjectPath::from("manifests");
+        let prefix = Prefix::Manifests.path();
         let list = self.inner.list_with_delimiter(Some(&prefix));
         match tokio::time::timeout(timeout * 2, list).await {
             Err(_) => Err(Error::Timeout {
@@ -274,9 +271,7 @@ impl ChunkStore {
                 what: "the first listing (is the endpoint reachable?)".into(),
                 seconds: (timeout * 2).as_secs(),
             }),
-            Ok(Err(object_store::Error::NotFound { .. })) => Ok(()),
-            Ok(Err(e)) => Err(self.backend(e)),
-            Ok(Ok(_)) => Ok(()),
+            Ok(listed) => found(listed).map(drop).map_err(|e| self.backend(e)),
         }
     }
 
@@ -289,18 +284,26 @@ impl ChunkStore {
         self.request_bound
     }
 
-    /// The backend, for tools that need raw access (tests corrupt chunks through it).
+    /// Test-only: the backend, for tests that need raw access (they corrupt chunks through
+    /// it). Everything else goes through the methods of `ChunkStore`.
     pub fn object_store(&self) -> &Arc<dyn ObjectStore> {
         &self.inner
     }
 
-    pub fn chunk_key(digest: &Digest) -> ObjectPath {
-        let hex = digest.hex();
-        ObjectPath::from(format!("chunks/{}/{hex}", &hex[..2]))
+    /// The backend, for this crate's modules (each reads and writes the keys of
+    /// [`crate::layout`] through [`crate::objects`]).
+    pub(crate) fn raw(&self) -> &dyn ObjectStore {
+        self.inner.as_ref()
     }
 
+    /// [`layout::chunk_key`].
+    pub fn chunk_key(digest: &Digest) -> ObjectPath {
+        layout::chunk_key(digest)
+    }
+
+    /// [`layout::manifest_key`].
     pub fn manifest_key(digest: &Digest) -> ObjectPath {
-        ObjectPath::from(format!("manifests/{}", digest.hex()))
+        layout::manifest_key(digest)
     }
 
     pub(crate) fn backend(&self, source: object_store::Error) -> Error {
@@ -321,17 +324,13 @@ impl ChunkStore {
     }
 
     pub async fn has_chunk(&self, digest: &Digest) -> Result<bool> {
-        match self.inner.head(&Self::chunk_key(digest)).await {
-            Ok(_) => Ok(true),
-            Err(object_store::Error::NotFound { .. }) => Ok(false),
-            Err(e) => Err(self.backend(e)),
-        }
+        self.exists(&layout::chunk_key(digest)).await
     }
 
     /// Stores a chunk. Content-addressed, so rewriting an existing chunk is harmless.
     pub async fn put_chunk(&self, digest: &Digest, data: Bytes) -> Result<()> {
         self.inner
-            .put(&Self::chunk_key(digest), PutPayload::from(data))
+            .put(&layout::chunk_key(digest), PutPayload::from(data))
             .await
             .map_err(|e| self.backend(e))?;
         Ok(())
@@ -346,27 +345,19 @@ impl ChunkStore {
 
     /// [`ChunkStore::get_chunk`], reading at most `limit` bytes.
     async fn get_chunk_within(&self, digest: &Digest, limit: u64) -> Result<Bytes> {
-        let data = match self.inner.get(&Self::chunk_key(digest)).await {
-            Ok(r) => {
-                let what = format!("chunk {digest}");
-                crate::bounded::read_capped(self, r, &what, limit).await?
-            }
-            Err(object_store::Error::NotFound { .. }) => {
-                return Err(Error::MissingChunk {
-                    digest: *digest,
-                    store: self.name.clone(),
-                });
-            }
-            Err(e) => return Err(self.backend(e)),
-        };
-        let actual = Digest::of(&data);
-        if actual != *digest {
-            return Err(Error::CorruptChunk {
+        let what = format!("chunk {digest}");
+        let data = self
+            .read_optional(&layout::chunk_key(digest), &what, limit)
+            .await?
+            .ok_or_else(|| Error::MissingChunk {
                 digest: *digest,
-                actual,
                 store: self.name.clone(),
-            });
-        }
+            })?;
+        verify_digest(digest, &data).map_err(|actual| Error::CorruptChunk {
+            digest: *digest,
+            actual,
+            store: self.name.clone(),
+        })?;
         Ok(data)
     }
 
@@ -393,7 +384,7 @@ impl ChunkStore {
     /// manifest again succeeds without changing the stored object.
     pub async fn put_manifest(&self, bytes: Vec<u8>) -> Result<Digest> {
         let digest = Digest::of(&bytes);
-        let key = Self::manifest_key(&digest);
+        let key = layout::manifest_key(&digest);
         let opts = PutOptions {
             mode: PutMode::Create,
             ..Default::default()
@@ -420,36 +411,24 @@ impl ChunkStore {
     }
 
     pub async fn has_manifest(&self, digest: &Digest) -> Result<bool> {
-        match self.inner.head(&Self::manifest_key(digest)).await {
-            Ok(_) => Ok(true),
-            Err(object_store::Error::NotFound { .. }) => Ok(false),
-            Err(e) => Err(self.backend(e)),
-        }
+        self.exists(&layout::manifest_key(digest)).await
     }
 
     /// The manifest's raw bytes, verified against the digest. At most [`MAX_MANIFEST_BYTES`]
     /// are read: a larger body is [`Error::ResponseTooLarge`].
     pub async fn get_manifest_bytes(&self, digest: &Digest) -> Result<Bytes> {
-        let data = match self.inner.get(&Self::manifest_key(digest)).await {
-            Ok(r) => {
-                let what = format!("manifest {digest}");
-                crate::bounded::read_capped(self, r, &what, MAX_MANIFEST_BYTES).await?
-            }
-            Err(object_store::Error::NotFound { .. }) => {
-                return Err(Error::UnknownVersion {
-                    digest: *digest,
-                    store: self.name.clone(),
-                });
-            }
-            Err(e) => return Err(self.backend(e)),
-        };
-        let actual = Digest::of(&data);
-        if actual != *digest {
-            return Err(Error::ManifestDigestMismatch {
+        let what = format!("manifest {digest}");
+        let data = self
+            .read_optional(&layout::manifest_key(digest), &what, MAX_MANIFEST_BYTES)
+            .await?
+            .ok_or_else(|| Error::UnknownVersion {
                 digest: *digest,
-                actual,
-            });
-        }
+                store: self.name.clone(),
+            })?;
+        verify_digest(digest, &data).map_err(|actual| Error::ManifestDigestMismatch {
+            digest: *digest,
+            actual,
+        })?;
         Ok(data)
     }
 
@@ -461,11 +440,13 @@ impl ChunkStore {
 
     /// Every sealed version in the store, oldest first.
     pub async fn list_versions(&self) -> Result<Vec<StoredVersion>> {
-        let metas = crate::bounded::list_capped(self, "manifests", MAX_LISTED_OBJECTS).await?;
+        let metas =
+            crate::bounded::list_capped(self, &Prefix::Manifests.path(), MAX_LISTED_OBJECTS)
+                .await?;
         let mut out: Vec<StoredVersion> = metas
             .into_iter()
             .filter_map(|m| {
-                let digest = Digest::parse(m.location.filename()?).ok()?;
+                let digest = layout::parse_manifest_key(&m.location)?;
                 Some(StoredVersion {
                     digest,
                     stored_at: m.last_modified,
@@ -493,7 +474,7 @@ impl ChunkStore {
         let body = serde_json::to_vec(&record).map_err(|e| Error::Other(e.to_string()))?;
         self.inner
             .put(
-                &Self::volume_record_key(volume, &record.digest),
+                &layout::volume_record_key(volume, &record.digest),
                 PutPayload::from(body),
             )
             .await
@@ -513,22 +494,16 @@ impl ChunkStore {
             .to_string()
     }
 
-    fn volume_record_key(volume: &str, digest: &Digest) -> ObjectPath {
-        ObjectPath::from(format!("volumes/{volume}/{}", digest.hex()))
-    }
-
     /// Every volume record, newest first.
     pub async fn list_volume_records(&self) -> Result<Vec<VolumeRecord>> {
-        self.volume_records(ObjectPath::from("volumes")).await
+        self.volume_records(Prefix::Volumes.path()).await
     }
 
     /// The records of one volume (`ns/name`), newest first. Records that do not parse, or
     /// that name another volume or digest than their key, are skipped.
     pub async fn list_records_of_volume(&self, volume: &str) -> Result<Vec<VolumeRecord>> {
         validate_volume_name(volume)?;
-        let records = self
-            .volume_records(ObjectPath::from(format!("volumes/{volume}")))
-            .await?;
+        let records = self.volume_records(layout::volume_prefix(volume)).await?;
         Ok(records.into_iter().filter(|r| r.volume == volume).collect())
     }
 
@@ -554,18 +529,12 @@ impl ChunkStore {
     /// Deletes the record of `digest` in `volume`; a missing one is fine.
     pub async fn delete_volume_record(&self, volume: &str, digest: &Digest) -> Result<()> {
         validate_volume_name(volume)?;
-        match self
-            .inner
-            .delete(&Self::volume_record_key(volume, digest))
+        self.delete_if_exists(&layout::volume_record_key(volume, digest))
             .await
-        {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(self.backend(e)),
-        }
     }
 
     async fn volume_records(&self, prefix: ObjectPath) -> Result<Vec<VolumeRecord>> {
-        let metas = crate::bounded::list_capped(self, prefix.as_ref(), MAX_LISTED_OBJECTS).await?;
+        let metas = crate::bounded::list_capped(self, &prefix, MAX_LISTED_OBJECTS).await?;
         let mut out = Vec::new();
         for meta in metas {
             // A record is a few hundred bytes; anything larger is not one of ours.
@@ -573,25 +542,24 @@ impl ChunkStore {
                 continue;
             }
             let what = format!("volume record {}", meta.location);
-            let body = match self.inner.get(&meta.location).await {
-                Ok(got) => {
-                    match crate::bounded::read_capped(self, got, &what, MAX_RECORD_BYTES).await {
-                        Ok(body) => body,
-                        // Larger than its listing said: not one of ours either.
-                        Err(Error::ResponseTooLarge { .. }) => continue,
-                        Err(e) => return Err(e),
-                    }
-                }
+            let body = match self
+                .read_optional(&meta.location, &what, MAX_RECORD_BYTES)
+                .await
+            {
+                Ok(Some(body)) => body,
                 // Deleted between the listing and the read.
-                Err(object_store::Error::NotFound { .. }) => continue,
-                Err(e) => return Err(self.backend(e)),
+                Ok(None) => continue,
+                // Larger than its listing said: not one of ours either.
+                Err(Error::ResponseTooLarge { .. }) => continue,
+                Err(e) => return Err(e),
             };
             // A record that does not parse, or whose key disagrees with its content, names
             // nothing we can trust.
             let Ok(record) = serde_json::from_slice::<VolumeRecord>(&body) else {
                 continue;
             };
-            if Self::volume_record_key(&record.volume, &record.digest) != meta.location {
+            let named = layout::parse_volume_record_key(&meta.location);
+            if named.as_ref() != Some(&(record.volume.clone(), record.digest)) {
                 continue;
             }
             out.push(record);
@@ -630,15 +598,17 @@ impl ChunkStore {
     }
 }
 
-/// Volume names are `name` or `namespace/name`, each part a DNS-1123 label.
+/// Volume names are `name` or `namespace/name`, each part a DNS-1123 name: lowercase
+/// letters, digits, '-' and '.', starting and ending with a letter or digit (so no part is
+/// `.` or `..`).
 pub fn validate_volume_name(volume: &str) -> Result<()> {
+    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
     let ok_part = |p: &str| {
         !p.is_empty()
             && p.len() <= 63
-            && p.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-            && !p.starts_with('-')
-            && !p.ends_with('-')
+            && p.bytes().all(|b| alnum(b) || b == b'-' || b == b'.')
+            && p.bytes().next().is_some_and(alnum)
+            && p.bytes().last().is_some_and(alnum)
     };
     let parts: Vec<&str> = volume.split('/').collect();
     if parts.len() > 2 || !parts.iter().all(|p| ok_part(p)) {

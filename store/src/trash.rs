@@ -5,6 +5,8 @@
 //! <prefix>/trash/<64 hex>.json   {digest, deleted_at, restorable_until}
 //! ```
 //!
+//! (keys from [`crate::layout`])
+//!
 //! A trashed version keeps every chunk until it expires: the garbage collector marks the
 //! chunks of every trash manifest it does not itself expire (docs/gc.md). Deleting and
 //! restoring both hold a writer lease, so neither interleaves with a collection.
@@ -13,18 +15,14 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use object_store::PutPayload;
-use object_store::path::Path as ObjectPath;
 
-use crate::bounded::{
-    MAX_LISTED_OBJECTS, MAX_MANIFEST_BYTES, MAX_RECORD_BYTES, list_capped, read_capped,
-};
-use crate::digest::Digest;
+use crate::bounded::{MAX_LISTED_OBJECTS, MAX_MANIFEST_BYTES, MAX_RECORD_BYTES, list_capped};
+use crate::digest::{Digest, verify_digest};
 use crate::error::{Error, Result};
-use crate::lease::{WriterLease, write_json};
+use crate::layout::{self, Prefix, TrashKey, trash_manifest_key, trash_record_key};
+use crate::lease::{WriterLease, with_writer_lease};
 use crate::manifest::Manifest;
 use crate::store::ChunkStore;
-
-pub(crate) const TRASH_PREFIX: &str = "trash";
 
 /// Default time a deleted version stays restorable (7 days).
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -59,14 +57,6 @@ pub struct RestoreReport {
     pub restorable_until: Option<DateTime<Utc>>,
 }
 
-pub(crate) fn trash_key(digest: &Digest) -> ObjectPath {
-    ObjectPath::from(format!("{TRASH_PREFIX}/{}", digest.hex()))
-}
-
-pub(crate) fn trash_record_key(digest: &Digest) -> ObjectPath {
-    ObjectPath::from(format!("{TRASH_PREFIX}/{}.json", digest.hex()))
-}
-
 /// Moves a version to the trash: it disappears from `ls`, mounts and pulls of it fail, and it
 /// stays restorable (all its chunks kept) for `retention`. Deleting a version already in the
 /// trash returns its existing record; an unknown digest is [`Error::UnknownVersion`].
@@ -77,9 +67,10 @@ pub async fn trash_version(
 ) -> Result<TrashRecord> {
     // A retention that overflows the calendar is refused before anything is taken or moved.
     crate::limits::later(Utc::now(), retention, "retention")?;
-    let lease = WriterLease::acquire(store, &format!("delete {digest}")).await?;
-    let result = trash_leased(store, digest, retention).await;
-    finish_lease(lease, result).await
+    with_writer_lease(store, &format!("delete {digest}"), async |_| {
+        trash_leased(store, digest, retention).await
+    })
+    .await
 }
 
 async fn trash_leased(
@@ -92,7 +83,7 @@ async fn trash_leased(
         Err(Error::UnknownVersion { .. }) => {
             // Already trashed (idempotent), or never here.
             if let Some(record) = read_record(store, digest).await?
-                && exists(store, &trash_key(digest)).await?
+                && store.exists(&trash_manifest_key(digest)).await?
             {
                 return Ok(record);
             }
@@ -112,20 +103,15 @@ async fn trash_leased(
     // Copy first, record second, delete last: a crash leaves the version live, or live and
     // in the trash, never in neither.
     store
-        .object_store()
-        .put(&trash_key(digest), PutPayload::from(bytes))
+        .raw()
+        .put(&trash_manifest_key(digest), PutPayload::from(bytes))
         .await
         .map_err(|e| store.backend(e))?;
-    write_json(store, &trash_record_key(digest), &record).await?;
+    store.write_json(&trash_record_key(digest), &record).await?;
     store.sync().await?;
-    match store
-        .object_store()
-        .delete(&ChunkStore::manifest_key(digest))
-        .await
-    {
-        Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-        Err(e) => return Err(store.backend(e)),
-    }
+    store
+        .delete_if_exists(&layout::manifest_key(digest))
+        .await?;
     tracing::info!(%digest, restorable_until = %record.restorable_until, "version moved to trash");
     Ok(record)
 }
@@ -134,9 +120,10 @@ async fn trash_leased(
 /// (`restored: false`); one whose trash the garbage collector has reclaimed is
 /// [`Error::VersionReclaimed`].
 pub async fn restore_version(store: &ChunkStore, digest: &Digest) -> Result<RestoreReport> {
-    let lease = WriterLease::acquire(store, &format!("restore {digest}")).await?;
-    let result = restore_leased(store, digest, &lease).await;
-    finish_lease(lease, result).await
+    with_writer_lease(store, &format!("restore {digest}"), async |lease| {
+        restore_leased(store, digest, lease).await
+    })
+    .await
 }
 
 async fn restore_leased(
@@ -145,38 +132,28 @@ async fn restore_leased(
     lease: &WriterLease,
 ) -> Result<RestoreReport> {
     let record = read_record(store, digest).await?;
-    let bytes = match store.object_store().get(&trash_key(digest)).await {
-        Ok(r) => {
-            let what = format!("the trashed manifest of {digest}");
-            read_capped(store, r, &what, MAX_MANIFEST_BYTES).await?
-        }
-        Err(object_store::Error::NotFound { .. }) => {
-            if store.has_manifest(digest).await? {
-                return Ok(RestoreReport {
-                    digest: *digest,
-                    restored: false,
-                    deleted_at: None,
-                    restorable_until: None,
-                });
-            }
-            return Err(Error::VersionReclaimed {
+    let Some(bytes) = read_trashed_bytes(store, digest).await? else {
+        if store.has_manifest(digest).await? {
+            return Ok(RestoreReport {
                 digest: *digest,
-                store: store.name().to_owned(),
+                restored: false,
+                deleted_at: None,
+                restorable_until: None,
             });
         }
-        Err(e) => return Err(store.backend(e)),
-    };
-    let actual = Digest::of(&bytes);
-    if actual != *digest {
-        return Err(Error::CorruptRecord {
+        return Err(Error::VersionReclaimed {
+            digest: *digest,
             store: store.name().to_owned(),
-            what: format!("the trashed manifest of {digest}"),
-            key: trash_key(digest).to_string(),
-            reason: format!(
-                "its bytes hash to {actual}; it cannot be restored (remove the object by hand)"
-            ),
         });
-    }
+    };
+    verify_digest(digest, &bytes).map_err(|actual| Error::CorruptRecord {
+        store: store.name().to_owned(),
+        what: format!("the trashed manifest of {digest}"),
+        key: trash_manifest_key(digest).to_string(),
+        reason: format!(
+            "its bytes hash to {actual}; it cannot be restored (remove the object by hand)"
+        ),
+    })?;
     Manifest::parse(&bytes)?;
     // While the lease holds no collection runs, so every chunk the trash kept is still there.
     lease.confirm().await?;
@@ -184,8 +161,8 @@ async fn restore_leased(
     store.sync().await?;
     // Record first, bytes second: a crash in between leaves only an unlisted copy that keeps
     // chunks the live manifest needs anyway.
-    delete_if_present(store, &trash_record_key(digest)).await?;
-    delete_if_present(store, &trash_key(digest)).await?;
+    store.delete_if_exists(&trash_record_key(digest)).await?;
+    store.delete_if_exists(&trash_manifest_key(digest)).await?;
     tracing::info!(%digest, "version restored from trash");
     Ok(RestoreReport {
         digest: *digest,
@@ -198,10 +175,10 @@ async fn restore_leased(
 /// Every trash record, newest deletion first. Records that do not parse are skipped with a
 /// warning (the collector keeps their manifests).
 pub async fn list_trash(store: &ChunkStore) -> Result<Vec<TrashRecord>> {
-    let metas = list_capped(store, TRASH_PREFIX, MAX_LISTED_OBJECTS).await?;
+    let metas = list_capped(store, &Prefix::Trash.path(), MAX_LISTED_OBJECTS).await?;
     let mut out = Vec::new();
     for meta in metas {
-        let Some(digest) = record_digest(&meta.location) else {
+        let Some(TrashKey::Record(digest)) = layout::parse_trash_key(&meta.location) else {
             continue;
         };
         if let Some(record) = read_record(store, &digest).await? {
@@ -212,12 +189,6 @@ pub async fn list_trash(store: &ChunkStore) -> Result<Vec<TrashRecord>> {
     Ok(out)
 }
 
-/// The digest a `trash/<hex>.json` key names.
-pub(crate) fn record_digest(location: &ObjectPath) -> Option<Digest> {
-    let hex = location.filename()?.strip_suffix(".json")?;
-    Digest::parse(hex).ok()
-}
-
 /// The manifest bytes of a version in the trash, verified against `digest` and read within
 /// the manifest bound; `None` when the trash has no manifest of it. For a reader that must
 /// keep serving a version deleted under it (the node plugin resuming a held mount); a new
@@ -226,36 +197,35 @@ pub async fn read_trashed_manifest(
     store: &ChunkStore,
     digest: &Digest,
 ) -> Result<Option<bytes::Bytes>> {
-    let bytes = match store.object_store().get(&trash_key(digest)).await {
-        Ok(r) => {
-            let what = format!("the trashed manifest of {digest}");
-            read_capped(store, r, &what, MAX_MANIFEST_BYTES).await?
-        }
-        Err(object_store::Error::NotFound { .. }) => return Ok(None),
-        Err(e) => return Err(store.backend(e)),
+    let Some(bytes) = read_trashed_bytes(store, digest).await? else {
+        return Ok(None);
     };
-    let actual = Digest::of(&bytes);
-    if actual != *digest {
-        return Err(Error::ManifestDigestMismatch {
+    verify_digest(digest, &bytes)
+        .map_err(|actual| Error::ManifestDigestMismatch {
             digest: *digest,
             actual,
-        });
-    }
-    Ok(Some(bytes))
+        })
+        .map(|()| Some(bytes))
 }
 
-/// The digest a `trash/<hex>` key names.
-pub(crate) fn manifest_digest(location: &ObjectPath) -> Option<Digest> {
-    Digest::parse(location.filename()?).ok()
+/// The bytes at `trash/<hex>` read within the manifest bound, not yet checked against
+/// `digest` (each caller says in its own terms what a mismatch means); `None` when absent.
+pub(crate) async fn read_trashed_bytes(
+    store: &ChunkStore,
+    digest: &Digest,
+) -> Result<Option<bytes::Bytes>> {
+    let what = format!("the trashed manifest of {digest}");
+    store
+        .read_optional(&trash_manifest_key(digest), &what, MAX_MANIFEST_BYTES)
+        .await
 }
 
 /// The trash record of `digest`, if any. One that does not parse is skipped with a warning.
 pub async fn read_record(store: &ChunkStore, digest: &Digest) -> Result<Option<TrashRecord>> {
     let key = trash_record_key(digest);
-    let body = match store.object_store().get(&key).await {
-        Ok(r) => read_capped(store, r, &format!("trash record {key}"), MAX_RECORD_BYTES).await?,
-        Err(object_store::Error::NotFound { .. }) => return Ok(None),
-        Err(e) => return Err(store.backend(e)),
+    let what = format!("trash record {key}");
+    let Some(body) = store.read_optional(&key, &what, MAX_RECORD_BYTES).await? else {
+        return Ok(None);
     };
     match serde_json::from_slice::<TrashRecord>(&body) {
         Ok(r) if r.digest == *digest => Ok(Some(r)),
@@ -267,32 +237,5 @@ pub async fn read_record(store: &ChunkStore, digest: &Digest) -> Result<Option<T
             tracing::warn!(%key, error = %e, "unreadable trash record; ignored");
             Ok(None)
         }
-    }
-}
-
-async fn exists(store: &ChunkStore, key: &ObjectPath) -> Result<bool> {
-    match store.object_store().head(key).await {
-        Ok(_) => Ok(true),
-        Err(object_store::Error::NotFound { .. }) => Ok(false),
-        Err(e) => Err(store.backend(e)),
-    }
-}
-
-pub(crate) async fn delete_if_present(store: &ChunkStore, key: &ObjectPath) -> Result<()> {
-    match store.object_store().delete(key).await {
-        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-        Err(e) => Err(store.backend(e)),
-    }
-}
-
-/// Releases the lease after an operation: the operation's error wins over a release error.
-pub(crate) async fn finish_lease<T>(lease: WriterLease, result: Result<T>) -> Result<T> {
-    match lease.release().await {
-        Ok(()) => result,
-        Err(e) if result.is_err() => {
-            tracing::warn!(error = %e, "cannot release writer lease; it will expire");
-            result
-        }
-        Err(e) => Err(e),
     }
 }

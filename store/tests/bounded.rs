@@ -248,7 +248,7 @@ async fn a_gc_marker_is_read_as_the_small_record_it_is() {
     let server =
         HostileS3::start(|_, target| probe(target).unwrap_or(object(128 * MIB, 128 * MIB)));
     let store = server.store().await;
-    let got = sealed_store::lease::read_gc_marker(&store).await;
+    let got = sealed_store::gc_marker::read_gc_marker(&store).await;
     let written = server.written();
     assert!(
         written <= sealed_store::bounded::MAX_RECORD_BYTES + SLACK,
