@@ -67,6 +67,20 @@ impl CsiError {
         }
     }
 
+    /// A store error as the plugin reports it: a store that does not answer (down, timing
+    /// out, not there) is [`CsiError::StoreUnreachable`], naming `store`; an answer (no such
+    /// version, corrupt bytes, a bad URL) is [`CsiError::Store`].
+    pub fn from_store(store: &str, e: sealed_store::Error) -> Self {
+        if store_unreachable(&e) {
+            CsiError::StoreUnreachable {
+                store: store.into(),
+                reason: e.to_string(),
+            }
+        } else {
+            CsiError::Store(e)
+        }
+    }
+
     pub fn kube(what: impl Into<String>, source: kube::Error) -> Self {
         CsiError::Kube {
             what: what.into(),
@@ -105,6 +119,15 @@ fn kube_code(e: &kube::Error) -> Code {
         kube::Error::Api(_) => Code::Internal,
         _ => Code::Unavailable,
     }
+}
+
+/// Whether the store did not answer (worth trying again), as opposed to answering no.
+pub fn store_unreachable(e: &sealed_store::Error) -> bool {
+    use sealed_store::Error as E;
+    matches!(
+        e,
+        E::Backend { .. } | E::Timeout { .. } | E::StoreNotFound { .. }
+    )
 }
 
 fn store_code(e: &sealed_store::Error) -> Code {
@@ -235,6 +258,35 @@ mod tests {
             assert_eq!(status.code(), code, "{text}");
             assert!(status.message().starts_with(&text), "{}", status.message());
         }
+    }
+
+    #[test]
+    fn store_errors_are_unreachable_or_answers() {
+        let timeout = StoreError::Timeout {
+            store: "s".into(),
+            what: "w".into(),
+            seconds: 1,
+        };
+        let e = CsiError::from_store("s3://b", timeout);
+        assert!(matches!(e, CsiError::StoreUnreachable { .. }), "{e}");
+        assert!(
+            e.to_string().starts_with("store s3://b is not reachable"),
+            "{e}"
+        );
+        let missing = StoreError::UnknownVersion {
+            digest: Digest::of(b"x"),
+            store: "s".into(),
+        };
+        let e = CsiError::from_store("s3://b", missing);
+        assert_eq!(e.code(), Code::NotFound);
+        let url = StoreError::InvalidStoreUrl {
+            url: "x".into(),
+            reason: "r".into(),
+        };
+        assert!(matches!(
+            CsiError::from_store("x", url),
+            CsiError::Store(StoreError::InvalidStoreUrl { .. })
+        ));
     }
 
     #[test]

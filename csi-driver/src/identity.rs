@@ -2,8 +2,8 @@
 
 use tonic::{Request, Response, Status};
 
-use crate::csi::identity_server::Identity;
-use crate::csi::{
+use crate::proto::csi::identity_server::Identity;
+use crate::proto::csi::{
     GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
     GetPluginInfoResponse, PluginCapability, ProbeRequest, ProbeResponse,
 };

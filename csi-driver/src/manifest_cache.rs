@@ -7,14 +7,13 @@
 //! (`ChunkStore::get_manifest_bytes`); a copy that fails is deleted.
 
 use std::collections::BTreeSet;
-use std::io::Write as _;
-use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 use sealed_store::{ChunkStore, Digest};
 
 use crate::error::CsiError;
+use crate::state_dir;
 
 pub struct ManifestCache {
     dir: PathBuf,
@@ -29,7 +28,7 @@ impl ManifestCache {
 
     /// Creates the directory (0700).
     pub fn prepare(&self) -> Result<(), CsiError> {
-        crate::state::private_dir(&self.dir)
+        state_dir::private_dir(&self.dir)
     }
 
     fn path(&self, digest: &Digest) -> PathBuf {
@@ -61,25 +60,10 @@ impl ManifestCache {
     /// that a restart during a store outage cannot resume this mount, so it is logged.
     pub fn write(&self, digest: &Digest, bytes: &[u8]) {
         let path = self.path(digest);
-        if let Err(e) = self.write_atomically(&path, bytes) {
+        if let Err(e) = state_dir::write_atomically(&path, bytes) {
             tracing::warn!(path = %path.display(), error = %e,
                 "cannot keep the manifest; a plugin restart while the store is down would not resume this mount");
         }
-    }
-
-    fn write_atomically(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-        let tmp = path.with_extension("tmp");
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        drop(file);
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(&self.dir)?.sync_all()
     }
 
     pub fn remove(&self, digest: &Digest) {
@@ -104,29 +88,15 @@ impl ManifestCache {
     }
 }
 
-/// Why [`fetch`] found no manifest.
-#[derive(Debug)]
-pub enum FetchFailure {
-    /// The store answered: no such version (live or trashed), or bytes that are not it.
-    Answered(sealed_store::Error),
-    /// The store did not answer (down, timing out): worth trying again.
-    Unreachable(sealed_store::Error),
-}
-
 /// The verified manifest bytes of `digest` from the store: its normal key, else, with
 /// `trash`, the trash (a version deleted while this node mounts it is still served to the
-/// pods that have it; a new mount of it is refused).
+/// pods that have it; a new mount of it is refused). Errors are the store's, for
+/// `CsiError::from_store`.
 pub async fn fetch(
     store: &ChunkStore,
     digest: &Digest,
     trash: bool,
-) -> Result<Bytes, FetchFailure> {
-    let classify = |e: sealed_store::Error| match e {
-        sealed_store::Error::Backend { .. } | sealed_store::Error::Timeout { .. } => {
-            FetchFailure::Unreachable(e)
-        }
-        other => FetchFailure::Answered(other),
-    };
+) -> Result<Bytes, sealed_store::Error> {
     match store.get_manifest_bytes(digest).await {
         Ok(bytes) => Ok(bytes),
         Err(missing @ sealed_store::Error::UnknownVersion { .. }) if trash => {
@@ -135,11 +105,11 @@ pub async fn fetch(
                     tracing::info!(%digest, "manifest found in the trash");
                     Ok(bytes)
                 }
-                Ok(None) => Err(FetchFailure::Answered(missing)),
-                Err(e) => Err(classify(e)),
+                Ok(None) => Err(missing),
+                Err(e) => Err(e),
             }
         }
-        Err(e) => Err(classify(e)),
+        Err(e) => Err(e),
     }
 }
 

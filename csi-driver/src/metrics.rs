@@ -428,9 +428,9 @@ async fn probe(socket: &std::path::Path) -> Result<(), String> {
         }))
         .await
         .map_err(|e| format!("connect: {e}"))?;
-    let mut client = crate::csi::identity_client::IdentityClient::new(channel);
+    let mut client = crate::proto::csi::identity_client::IdentityClient::new(channel);
     let response = client
-        .probe(crate::csi::ProbeRequest {})
+        .probe(crate::proto::csi::ProbeRequest {})
         .await
         .map_err(|e| e.message().to_string())?;
     match response.into_inner().ready {

@@ -7,12 +7,15 @@ use std::sync::Arc;
 use sealed_store::Digest;
 use tonic::{Request, Response, Status};
 
-use crate::csi::node_server::Node;
-use crate::csi::node_service_capability::{Rpc, rpc};
-use crate::csi::volume_capability::AccessType;
-use crate::csi::volume_capability::access_mode::Mode;
-use crate::csi::volume_usage::Unit;
-use crate::csi::{
+use crate::error::CsiError;
+use crate::kube_access::{KubeAccess, PodInfo};
+use crate::lease::Reporter;
+use crate::proto::csi::node_server::Node;
+use crate::proto::csi::node_service_capability::{Rpc, rpc};
+use crate::proto::csi::volume_capability::AccessType;
+use crate::proto::csi::volume_capability::access_mode::Mode;
+use crate::proto::csi::volume_usage::Unit;
+use crate::proto::csi::{
     NodeExpandVolumeRequest, NodeExpandVolumeResponse, NodeGetCapabilitiesRequest,
     NodeGetCapabilitiesResponse, NodeGetInfoRequest, NodeGetInfoResponse,
     NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse, NodePublishVolumeRequest,
@@ -20,9 +23,7 @@ use crate::csi::{
     NodeStageVolumeResponse, NodeUnpublishVolumeRequest, NodeUnpublishVolumeResponse,
     NodeUnstageVolumeRequest, NodeUnstageVolumeResponse, VolumeCapability, VolumeUsage,
 };
-use crate::error::CsiError;
-use crate::kube_access::{KubeAccess, PodInfo};
-use crate::lease::Reporter;
+use crate::server;
 use crate::state::{Driver, Publish};
 
 /// The volume attribute that names the version to mount.
@@ -57,6 +58,7 @@ impl NodeService {
     /// Resolves and authorizes the version (API-server mode), then publishes it.
     async fn publish(&self, req: &NodePublishVolumeRequest) -> Result<(), CsiError> {
         let checked = check_publish(req)?;
+        server::record_request(&checked.volume_id, &checked.target);
         // Before any API call: a target outside kubelet's pod directories is refused.
         self.driver.check_target(&checked.target)?;
         let Some(kube) = &self.kube else {
@@ -114,13 +116,8 @@ impl NodeService {
             .volume_context
             .get(EPHEMERAL_ATTRIBUTE)
             .is_some_and(|v| v == "true");
-        tracing::info!(
-            volume_id = %volume_id,
-            digest = %digest,
-            target = %target.display(),
-            ephemeral,
-            "NodePublishVolume"
-        );
+        server::record_digest(&digest);
+        tracing::debug!(ephemeral, "version resolved");
         self.driver
             .publish(Publish {
                 volume_id,
@@ -139,7 +136,7 @@ impl NodeService {
     async fn unpublish(&self, req: &NodeUnpublishVolumeRequest) -> Result<(), CsiError> {
         let volume_id = required(&req.volume_id, "volume_id")?;
         let target = PathBuf::from(required(&req.target_path, "target_path")?);
-        tracing::info!(volume_id, target = %target.display(), "NodeUnpublishVolume");
+        server::record_request(volume_id, &target);
         self.driver.check_target(&target)?;
         self.driver.unpublish(volume_id, &target).await?;
         if let Some(reporter) = &self.reporter {
@@ -300,7 +297,7 @@ fn check_publish(req: &NodePublishVolumeRequest) -> Result<CheckedPublish, CsiEr
 
 fn capability(rpc: rpc::Type) -> NodeServiceCapability {
     NodeServiceCapability {
-        r#type: Some(crate::csi::node_service_capability::Type::Rpc(Rpc {
+        r#type: Some(crate::proto::csi::node_service_capability::Type::Rpc(Rpc {
             r#type: rpc as i32,
         })),
     }
@@ -410,7 +407,7 @@ impl Node for NodeService {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::csi::volume_capability::{AccessMode, BlockVolume, MountVolume};
+    use crate::proto::csi::volume_capability::{AccessMode, BlockVolume, MountVolume};
 
     fn cap(mode: Mode) -> VolumeCapability {
         VolumeCapability {

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use tonic::{Request, Response, Status};
 
 use crate::identity::DRIVER_NAME;
-use crate::pluginregistration::registration_server::Registration;
-use crate::pluginregistration::{
+use crate::proto::pluginregistration::registration_server::Registration;
+use crate::proto::pluginregistration::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
 

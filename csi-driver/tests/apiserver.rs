@@ -28,8 +28,8 @@ use kube::{Api, Client};
 use sealed_crds::publications;
 use sealed_crds::{SealedVolume, SealedVolumeVersion};
 use sealed_csi::DRIVER_NAME;
-use sealed_csi::csi::node_client::NodeClient;
-use sealed_csi::csi::{NodePublishVolumeRequest, NodeUnpublishVolumeRequest};
+use sealed_csi::proto::csi::node_client::NodeClient;
+use sealed_csi::proto::csi::{NodePublishVolumeRequest, NodeUnpublishVolumeRequest};
 use tonic::Code;
 use tonic::transport::Channel;
 

@@ -9,8 +9,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use common::{Plugin, can_mount, store_with_version};
-use sealed_csi::csi::NodeUnpublishVolumeRequest;
-use sealed_csi::csi::node_client::NodeClient;
+use sealed_csi::proto::csi::NodeUnpublishVolumeRequest;
+use sealed_csi::proto::csi::node_client::NodeClient;
 
 fn free_addr() -> SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

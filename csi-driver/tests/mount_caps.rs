@@ -7,7 +7,7 @@ mod common;
 use std::process::Command;
 
 use common::{Plugin, can_mount, publish_digest, store_with_version};
-use sealed_csi::csi::node_client::NodeClient;
+use sealed_csi::proto::csi::node_client::NodeClient;
 use tonic::Code;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

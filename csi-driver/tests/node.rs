@@ -8,10 +8,10 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use common::{Plugin, TestStore, can_mount, store_with_version};
-use sealed_csi::csi::node_client::NodeClient;
-use sealed_csi::csi::volume_capability::access_mode::Mode;
-use sealed_csi::csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
-use sealed_csi::csi::{
+use sealed_csi::proto::csi::node_client::NodeClient;
+use sealed_csi::proto::csi::volume_capability::access_mode::Mode;
+use sealed_csi::proto::csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
+use sealed_csi::proto::csi::{
     NodeGetCapabilitiesRequest, NodeGetInfoRequest, NodeGetVolumeStatsRequest,
     NodePublishVolumeRequest, NodeUnpublishVolumeRequest, VolumeCapability,
 };

@@ -5,8 +5,8 @@
 mod common;
 
 use common::{Plugin, connect, store_with_version};
-use sealed_csi::pluginregistration::registration_client::RegistrationClient;
-use sealed_csi::pluginregistration::{InfoRequest, RegistrationStatus};
+use sealed_csi::proto::pluginregistration::registration_client::RegistrationClient;
+use sealed_csi::proto::pluginregistration::{InfoRequest, RegistrationStatus};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registers_with_kubelet_through_the_plugins_registry() {
@@ -169,7 +169,7 @@ async fn answers_a_client_that_sends_the_socket_path_as_authority() {
         .map(|(_, v)| String::from_utf8_lossy(v).to_string());
     assert_eq!(status.as_deref(), Some("0"), "trailers {trailers:?}");
     assert!(data.len() >= 5, "no message");
-    let info = sealed_csi::pluginregistration::PluginInfo::decode(&data[5..]).unwrap();
+    let info = sealed_csi::proto::pluginregistration::PluginInfo::decode(&data[5..]).unwrap();
     assert_eq!(info.name, "csi.sealedvolumes.io");
     assert_eq!(info.r#type, "CSIPlugin");
 }

@@ -13,8 +13,8 @@ use common::{Plugin, connect, store_with_version};
 use sealed_csi::authority::{
     CONTINUATION, END_HEADERS, HEADERS, PREFACE, encode_integer, encode_string, write_frame,
 };
-use sealed_csi::pluginregistration::InfoRequest;
-use sealed_csi::pluginregistration::registration_client::RegistrationClient;
+use sealed_csi::proto::pluginregistration::InfoRequest;
+use sealed_csi::proto::pluginregistration::registration_client::RegistrationClient;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {

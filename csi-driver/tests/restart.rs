@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{FdHolder, Plugin, can_mount, store_with_version};
-use sealed_csi::csi::node_client::NodeClient;
-use sealed_csi::csi::{NodeGetVolumeStatsRequest, NodeUnpublishVolumeRequest};
+use sealed_csi::proto::csi::node_client::NodeClient;
+use sealed_csi::proto::csi::{NodeGetVolumeStatsRequest, NodeUnpublishVolumeRequest};
 
 /// What the reader threads saw.
 #[derive(Default)]

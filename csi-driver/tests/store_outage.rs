@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use common::outage::StoreProxy;
 use common::servers::{Server, start_moto};
 use common::{FdHolder, Plugin, can_mount};
-use sealed_csi::csi::NodeUnpublishVolumeRequest;
-use sealed_csi::csi::node_client::NodeClient;
+use sealed_csi::proto::csi::NodeUnpublishVolumeRequest;
+use sealed_csi::proto::csi::node_client::NodeClient;
 use sealed_store::push::{PushOptions, push};
 use sealed_store::{ChunkStore, Digest, NoProgress, StoreOptions};
 

@@ -5,8 +5,7 @@
 
 pub mod outage;
 /// moto and Azurite, shared with the store's and the operator's tests.
-#[path = "../../../store/tests/support/servers.rs"]
-pub mod servers;
+pub use sealed_test_support::servers;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -14,9 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hyper_util::rt::TokioIo;
-use sealed_csi::csi::volume_capability::access_mode::Mode;
-use sealed_csi::csi::volume_capability::{AccessMode, AccessType, MountVolume};
-use sealed_csi::csi::{NodePublishVolumeRequest, VolumeCapability};
+use sealed_csi::proto::csi::volume_capability::access_mode::Mode;
+use sealed_csi::proto::csi::volume_capability::{AccessMode, AccessType, MountVolume};
+use sealed_csi::proto::csi::{NodePublishVolumeRequest, VolumeCapability};
 use sealed_store::push::{PushOptions, push};
 use sealed_store::{ChunkStore, Digest, NoProgress, StoreOptions};
 use tempfile::TempDir;
@@ -259,6 +258,39 @@ impl Plugin {
     }
 }
 
+/// `sealed-fd-holder`, beside `sealed-csi` in the build output. It is another package's
+/// binary (the `sealed-fd-holder` crate), so cargo builds it only for a build of that
+/// package: each test process asks cargo for it once (nothing to do when it is current).
+fn holder_binary() -> &'static Path {
+    static BINARY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BINARY.get_or_init(|| {
+        let plugin = Path::new(env!("CARGO_BIN_EXE_sealed-csi"));
+        let out = plugin.parent().expect("the build output directory");
+        let mut build = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+        build.args([
+            "build",
+            "--quiet",
+            "-p",
+            "sealed-fd-holder",
+            "--bin",
+            "sealed-fd-holder",
+        ]);
+        // target/debug is the dev profile; any other directory is named by its profile.
+        match out.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => {}
+            Some(profile) => {
+                build.args(["--profile", profile]);
+            }
+        }
+        let status = build.status().expect("run cargo to build sealed-fd-holder");
+        assert!(
+            status.success(),
+            "cargo build -p sealed-fd-holder failed: {status}"
+        );
+        out.join("sealed-fd-holder")
+    })
+}
+
 /// The holder binary on its own socket.
 pub struct FdHolder {
     child: Child,
@@ -268,7 +300,7 @@ pub struct FdHolder {
 impl FdHolder {
     pub fn start(socket: &Path) -> FdHolder {
         let _ = std::fs::remove_file(socket);
-        let child = Command::new(env!("CARGO_BIN_EXE_sealed-fd-holder"))
+        let child = Command::new(holder_binary())
             .arg(format!("--socket={}", socket.display()))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -288,8 +320,8 @@ impl FdHolder {
         }
     }
 
-    pub fn client(&self) -> sealed_csi::fd_holder::HolderClient {
-        sealed_csi::fd_holder::HolderClient::new(&self.socket)
+    pub fn client(&self) -> sealed_csi::holder::HolderClient {
+        sealed_csi::holder::HolderClient::new(&self.socket)
     }
 }
 

@@ -1,11 +1,11 @@
-//! `sealed-fd-holder`: keeps the node's FUSE fds while the node plugin restarts (see
-//! `sealed_csi::fd_holder`). Runs as its own DaemonSet beside the plugin.
+//! `sealed-fd-holder`: keeps the node's FUSE fds while the node plugin restarts (see the
+//! protocol in this crate's library). Runs as its own DaemonSet beside the plugin.
 
 use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::Parser;
-use sealed_csi::fd_holder::{Holder, listen_at};
+use sealed_fd_holder::{Holder, listen_at};
 
 #[derive(Parser, Debug)]
 #[command(
