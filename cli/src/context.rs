@@ -5,7 +5,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::builder::RangedU64ValueParser;
 use clap::{Args, ValueEnum};
-use sealed_store::{ChunkStore, StoreOptions, limits};
+use sealed_service::store_args::{self, MAX_RETRIES, MAX_TIMEOUT_SECS, env as store_env};
+use sealed_store::{ChunkStore, StoreOptions};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum OutputFormat {
@@ -16,21 +17,21 @@ pub enum OutputFormat {
 #[derive(Args, Debug)]
 pub struct GlobalArgs {
     /// Store URL: file:///dir, s3://bucket/prefix, gs://bucket/prefix, az://container/prefix
-    #[arg(long, global = true, env = "SEALED_STORE")]
+    #[arg(long, global = true, env = store_env::STORE)]
     pub store: Option<String>,
     /// Endpoint of an S3-compatible server (MinIO, R2, CoreWeave) or an Azure emulator:
     /// http://host[:port] or https://host[:port]
-    #[arg(long, global = true, env = "SEALED_ENDPOINT", value_parser = parse_endpoint)]
+    #[arg(long, global = true, env = store_env::ENDPOINT, value_parser = parse_endpoint)]
     pub endpoint: Option<String>,
     /// Region of the bucket
-    #[arg(long, global = true, env = "SEALED_REGION")]
+    #[arg(long, global = true, env = store_env::REGION)]
     pub region: Option<String>,
     /// Seconds before a store request is retried (1 to 86400, one day)
-    #[arg(long, global = true, default_value_t = 30, env = "SEALED_TIMEOUT",
+    #[arg(long, global = true, default_value_t = 30, env = store_env::TIMEOUT,
           value_parser = clap::value_parser!(u64).range(1..=MAX_TIMEOUT_SECS))]
     pub timeout: u64,
     /// Retries of a failed store request (at most 100)
-    #[arg(long, global = true, default_value_t = 3,
+    #[arg(long, global = true, default_value_t = 3, env = store_env::RETRIES,
           value_parser = RangedU64ValueParser::<usize>::new().range(0..=MAX_RETRIES))]
     pub retries: usize,
     /// Output format
@@ -44,17 +45,10 @@ pub struct GlobalArgs {
     pub no_progress: bool,
 }
 
-/// `--timeout`'s bound, seconds (the store's own: one day).
-const MAX_TIMEOUT_SECS: u64 = limits::MAX_TIMEOUT.as_secs();
-/// `--retries`' bound (the store's own).
-const MAX_RETRIES: u64 = limits::MAX_RETRIES as u64;
-
 /// `--endpoint` must say which protocol the server speaks: `127.0.0.1:9` is refused with
 /// "--endpoint 127.0.0.1:9 has no scheme: write http://127.0.0.1:9 or https://127.0.0.1:9".
 pub fn parse_endpoint(s: &str) -> Result<String, String> {
-    limits::check_endpoint(s)
-        .map(|()| s.to_owned())
-        .map_err(|reason| format!("--endpoint {s} {reason}"))
+    store_args::endpoint_flag("--endpoint", s)
 }
 
 pub struct Context {
@@ -71,7 +65,8 @@ impl Context {
         let default_store = store.is_none();
         let store_url = store.unwrap_or_else(ChunkStore::default_url);
         let store_options = StoreOptions {
-            endpoint: args.endpoint,
+            // An empty SEALED_STORE_ENDPOINT means none, as an unset one does.
+            endpoint: args.endpoint.filter(|s| !s.is_empty()),
             region: args.region,
             timeout: Duration::from_secs(args.timeout.clamp(1, MAX_TIMEOUT_SECS)),
             retries: args.retries,
@@ -98,18 +93,7 @@ impl Context {
     }
 }
 
+/// Logs on stderr: warnings by default, `-v` info, `-vv` debug; `SEALED_LOG` overrides.
 pub fn init_logging(verbose: u8) {
-    let default = match verbose {
-        0 => "warn",
-        1 => "info",
-        _ => "debug",
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SEALED_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colours only on a terminal: container logs and files stay plain, greppable text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+    sealed_service::logging::init(sealed_service::logging::verbosity("warn", verbose), false);
 }

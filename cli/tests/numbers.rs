@@ -89,10 +89,10 @@ fn timeouts_and_retries_are_bounded() {
         &["--retries", "18446744073709551616", "ls"],
         &["--retries"],
     );
-    // SEALED_TIMEOUT goes through the same parser.
+    // SEALED_STORE_TIMEOUT goes through the same parser.
     let out = env
         .sealed()
-        .env("SEALED_TIMEOUT", "18446744073709551615")
+        .env("SEALED_STORE_TIMEOUT", "18446744073709551615")
         .arg("ls")
         .output()
         .unwrap();
@@ -126,7 +126,7 @@ fn an_endpoint_without_a_scheme_is_refused_at_parse_time() {
     );
     let out = env
         .sealed()
-        .env("SEALED_ENDPOINT", "127.0.0.1:9")
+        .env("SEALED_STORE_ENDPOINT", "127.0.0.1:9")
         .args(["--store", "s3://bucket", "ls"])
         .output()
         .unwrap();

@@ -10,7 +10,7 @@ use sealed_csi::DriverConfig;
 use sealed_csi::attest::SecretRef;
 use sealed_csi::plugin::{ApiConfig, PluginConfig};
 use sealed_mount::{FetchPolicy, MountLimits, MountOptions, NodeCacheOptions, parse_size};
-use sealed_store::StoreOptions;
+use sealed_service::store_args::StoreArgs;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -25,22 +25,9 @@ struct Args {
     /// Name of this node (NodeGetInfo.node_id); in Kubernetes, the Node's name
     #[arg(long, env = "NODE_NAME")]
     node_id: String,
-    /// Store URL: file:///dir, s3://bucket/prefix, gs://bucket/prefix, az://container/prefix
-    #[arg(long, env = "SEALED_STORE")]
-    store: String,
-    /// Endpoint of an S3-compatible server (MinIO, R2, CoreWeave) or an Azure emulator
-    #[arg(long, env = "SEALED_ENDPOINT")]
-    store_endpoint: Option<String>,
-    /// Region of the bucket
-    #[arg(long, env = "SEALED_REGION")]
-    store_region: Option<String>,
-    /// Seconds before a store request is retried (1 to 86400)
-    #[arg(long, env = "SEALED_TIMEOUT", default_value_t = 30,
-          value_parser = clap::value_parser!(u64).range(1..=86_400))]
-    store_timeout: u64,
-    /// Retries of a failed store request (0 to 100)
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(0..=100))]
-    store_retries: u32,
+    /// The store: --store, --store-endpoint, --store-region, --store-timeout, --store-retries
+    #[command(flatten)]
+    store: StoreArgs,
     /// Seconds during which, after a chunk fetch from the store failed (timeouts or errors on
     /// every attempt), further fetches of uncached chunks fail at once instead of waiting on
     /// the store again (a circuit breaker; 0 turns it off)
@@ -140,25 +127,13 @@ struct Args {
     verbose: u8,
 }
 
-fn init_logging(verbose: u8) {
-    let default = match verbose {
-        0 => "info",
-        _ => "debug",
-    };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SEALED_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colours only on a terminal: container logs and files stay plain, greppable text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    init_logging(args.verbose);
+    sealed_service::logging::init(
+        sealed_service::logging::verbosity("info", args.verbose),
+        false,
+    );
     sealed_csi::plugin::run(plugin_config(args)).await
 }
 
@@ -183,18 +158,13 @@ fn plugin_config(args: Args) -> PluginConfig {
             publications_namespace: args.publications_namespace,
         })
     };
-    let timeout = Duration::from_secs(args.store_timeout);
+    let store_options = args.store.options();
+    let timeout = store_options.timeout;
     let driver = DriverConfig {
         node_id: args.node_id,
         state_dir: args.state_dir,
-        store_url: args.store,
-        store_options: StoreOptions {
-            endpoint: args.store_endpoint,
-            region: args.store_region,
-            timeout,
-            retries: args.store_retries as usize,
-            create: false,
-        },
+        store_url: args.store.store.clone(),
+        store_options,
         max_volumes: args.max_volumes,
         standalone: args.standalone,
         fd_holder: args.fd_holder,
@@ -210,7 +180,7 @@ fn plugin_config(args: Args) -> PluginConfig {
         memory_bytes: args.memory,
         fetch: FetchPolicy {
             attempt_timeout: timeout,
-            retries: args.store_retries,
+            retries: args.store.store_retries,
             breaker_open: Duration::from_secs(args.breaker_open),
             ..FetchPolicy::default()
         },

@@ -4,15 +4,11 @@
 //! registry; the mount crate's [`MountMetrics`] (cache tiers, store fetches, verification) are
 //! read at scrape time by a collector, so `sealed-mount` knows nothing about Prometheus.
 
-use std::convert::Infallible;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
-use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
@@ -21,7 +17,6 @@ use prometheus::{
     Registry, TextEncoder,
 };
 use sealed_mount::{MetricsSnapshot, MountMetrics};
-use tokio::net::TcpListener;
 use tonic::Code;
 
 /// The plugin's metrics. One per process, shared by the driver and the gRPC services.
@@ -387,7 +382,7 @@ impl Health {
     }
 
     /// `Ok` with a short text when healthy, else why not.
-    pub async fn check(&self) -> Result<String, String> {
+    async fn check_now(&self) -> Result<String, String> {
         if !self.serving.load(Ordering::Relaxed) {
             return Err("shutting down".into());
         }
@@ -439,86 +434,14 @@ async fn probe(socket: &std::path::Path) -> Result<(), String> {
     }
 }
 
-/// Serves `GET /metrics` and `GET /healthz` (HTTP/1.1) until `shutdown` completes.
-pub async fn serve_http(
-    listener: TcpListener,
-    metrics: Arc<Metrics>,
-    health: Arc<Health>,
-    shutdown: impl Future<Output = ()> + Send,
-) {
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, _) = tokio::select! {
-            _ = &mut shutdown => return,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "metrics listener: accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        let metrics = metrics.clone();
-        let health = health.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let metrics = metrics.clone();
-                let health = health.clone();
-                async move { Ok::<_, Infallible>(route(req, &metrics, &health).await) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "metrics connection ended");
-            }
-        });
+impl sealed_service::http::HealthCheck for Health {
+    fn check(&self) -> futures::future::BoxFuture<'_, Result<String, String>> {
+        Box::pin(self.check_now())
     }
 }
 
-async fn route(
-    req: Request<Incoming>,
-    metrics: &Metrics,
-    health: &Health,
-) -> Response<Full<Bytes>> {
-    let reply = |status: StatusCode, content_type: &str, body: String| {
-        let mut response = Response::new(Full::new(Bytes::from(body)));
-        *response.status_mut() = status;
-        if let Ok(v) = content_type.parse() {
-            response
-                .headers_mut()
-                .insert(hyper::header::CONTENT_TYPE, v);
-        }
-        response
-    };
-    if req.method() != Method::GET && req.method() != Method::HEAD {
-        return reply(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "text/plain",
-            "GET only\n".into(),
-        );
-    }
-    match req.uri().path() {
-        "/metrics" => reply(
-            StatusCode::OK,
-            "text/plain; version=0.0.4; charset=utf-8",
-            metrics.render(),
-        ),
-        "/healthz" => match health.check().await {
-            Ok(text) => reply(StatusCode::OK, "text/plain", format!("{text}\n")),
-            Err(why) => {
-                tracing::warn!(%why, "healthz: unhealthy");
-                reply(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "text/plain",
-                    format!("unhealthy: {why}\n"),
-                )
-            }
-        },
-        _ => reply(
-            StatusCode::NOT_FOUND,
-            "text/plain",
-            "not found: try /metrics or /healthz\n".into(),
-        ),
+impl sealed_service::http::RenderMetrics for Metrics {
+    fn render(&self) -> String {
+        Metrics::render(self)
     }
 }

@@ -146,11 +146,10 @@ pub async fn run(config: PluginConfig) -> anyhow::Result<()> {
     ));
     let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
     if let Some(addr) = config.metrics_addr {
-        let listener = tokio::net::TcpListener::bind(addr)
+        let listener = sealed_service::http::bind(addr)
             .await
-            .with_context(|| format!("--metrics-addr {addr}: cannot listen"))?;
-        tracing::info!(%addr, "serving /metrics and /healthz");
-        tokio::spawn(crate::metrics::serve_http(
+            .context("--metrics-addr")?;
+        tokio::spawn(sealed_service::http::serve(
             listener,
             driver.metrics().clone(),
             health.clone(),

@@ -5,6 +5,7 @@
 
 pub mod outage;
 /// moto and Azurite, shared with the store's and the operator's tests.
+#[allow(unused_imports)]
 pub use sealed_test_support::servers;
 
 use std::path::{Path, PathBuf};
