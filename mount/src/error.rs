@@ -1,4 +1,5 @@
-//! Errors of the mount crate. Every one maps to one errno at the FUSE edge (see `fuse.rs`).
+//! Errors of the mount crate. [`FsError::errno`] is the one errno table of the FUSE edge:
+//! every error reply `fuse.rs` sends goes through it.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -78,6 +79,10 @@ pub enum FsError {
     ReadOnly,
     #[error("unknown file handle {0}")]
     BadHandle(u64),
+    /// An operation the filesystem never implements (extended attributes): ENOSYS, which the
+    /// kernel remembers, so it stops asking for the life of the mount.
+    #[error("operation not supported")]
+    NotSupported,
     #[error(transparent)]
     Fetch(#[from] FetchError),
 }
@@ -92,6 +97,7 @@ impl FsError {
             FsError::NotSymlink => libc::EINVAL,
             FsError::ReadOnly => libc::EROFS,
             FsError::BadHandle(_) => libc::EBADF,
+            FsError::NotSupported => libc::ENOSYS,
             FsError::Fetch(_) => libc::EIO,
         }
     }

@@ -18,10 +18,10 @@ use sealed_store::{ChunkRef, ChunkStore, Digest, Error as StoreError};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::breaker::{Admission, Breakers};
-use crate::cache::{ChunkCache, DiskCache, MemoryCache};
+use crate::cache::{DiskCache, MemoryCache};
 use crate::error::{FetchError, MountError};
 use crate::metrics::MountMetrics;
-use crate::prefetch::PrefetchBudget;
+use crate::readahead::ReadaheadBudget;
 
 /// How long to wait for the object store, and how often to try.
 #[derive(Clone, Copy, Debug)]
@@ -74,10 +74,10 @@ pub struct NodeCacheOptions {
     pub disk_dir: Option<PathBuf>,
     /// Bound on the disk cache, bytes.
     pub disk_bytes: u64,
-    /// Bound on the memory tier (recently read and prefetched chunks), bytes, for the node.
+    /// Bound on the memory tier (recently read and read-ahead chunks), bytes, for the node.
     pub memory_bytes: u64,
-    /// Bound on readahead bytes being fetched at once, for the node.
-    pub prefetch_bytes: u64,
+    /// Bound on readahead bytes being fetched at once, for the node (`--prefetch-memory`).
+    pub readahead_bytes: u64,
     pub fetch: FetchPolicy,
 }
 
@@ -87,7 +87,7 @@ impl Default for NodeCacheOptions {
             disk_dir: None,
             disk_bytes: 10 << 30,
             memory_bytes: 256 << 20,
-            prefetch_bytes: 256 << 20,
+            readahead_bytes: 256 << 20,
             fetch: FetchPolicy::default(),
         }
     }
@@ -101,7 +101,7 @@ struct Inner {
     inflight: Mutex<HashMap<Digest, Flight>>,
     policy: FetchPolicy,
     metrics: Arc<MountMetrics>,
-    budget: PrefetchBudget,
+    budget: ReadaheadBudget,
     breakers: Breakers,
     /// Disk cache writes not yet done, and a wake-up when they reach zero.
     pending_writes: AtomicU64,
@@ -127,7 +127,7 @@ impl NodeCache {
                 disk,
                 inflight: Mutex::new(HashMap::new()),
                 policy: options.fetch,
-                budget: PrefetchBudget::new(options.prefetch_bytes, metrics.clone()),
+                budget: ReadaheadBudget::new(options.readahead_bytes, metrics.clone()),
                 breakers: Breakers::new(options.fetch.breaker_open),
                 metrics,
                 pending_writes: AtomicU64::new(0),
@@ -140,16 +140,8 @@ impl NodeCache {
         &self.inner.metrics
     }
 
-    pub fn policy(&self) -> FetchPolicy {
-        self.inner.policy
-    }
-
-    pub(crate) fn budget(&self) -> &PrefetchBudget {
+    pub(crate) fn budget(&self) -> &ReadaheadBudget {
         &self.inner.budget
-    }
-
-    pub fn disk(&self) -> Option<&DiskCache> {
-        self.inner.disk.as_ref()
     }
 
     /// True if the chunk is in memory or being fetched: readahead need not ask for it.
@@ -199,7 +191,7 @@ impl NodeCache {
             }
             (None, None) => self.flight(store, chunk, true, None).await?,
         };
-        // A flight started by `warm` does not fill memory; this reader wants it there.
+        // A flight started by `prefetch` does not fill memory; this reader wants it there.
         if !self.inner.memory.contains(digest) {
             self.inner.memory.put(digest, &data);
         }
@@ -208,7 +200,7 @@ impl NodeCache {
 
     /// Makes sure the chunk is in the disk cache (or memory, without a disk cache), for
     /// background prefetch of whole versions: does not push readers' chunks out of memory.
-    pub async fn warm(&self, store: &ChunkStore, chunk: &ChunkRef) -> Result<(), FetchError> {
+    pub async fn prefetch(&self, store: &ChunkStore, chunk: &ChunkRef) -> Result<(), FetchError> {
         match &self.inner.disk {
             Some(disk) if disk.contains(&chunk.digest) => Ok(()),
             Some(_) => {
@@ -286,7 +278,7 @@ impl NodeCache {
             drop(slot);
             // Readers have their bytes; the disk copy is written off their path. The flight
             // stays in the table until it is on disk: a reader arriving meanwhile (a chunk
-            // warmed without filling memory) joins it instead of missing the disk and
+            // prefetched without filling memory) joins it instead of missing the disk and
             // fetching the chunk from the store a second time.
             if let (true, Ok((data, _))) = (write, result) {
                 this.write_to_disk(digest, data).await;

@@ -15,7 +15,7 @@ use crate::error::{FetchError, FsError};
 use crate::fetch::NodeCache;
 use crate::limits::MountLimits;
 use crate::metrics::MountMetrics;
-use crate::prefetch::{Readahead, ReadaheadPolicy};
+use crate::readahead::{Readahead, ReadaheadPolicy};
 use crate::tree::{Attr, DirEntry, Node, NodeType, ROOT_INO, Tree};
 
 /// What `statfs` answers.
@@ -199,10 +199,6 @@ impl SealedFs {
 
     pub fn release(&self, fh: u64) {
         self.handles.lock().remove(&fh);
-    }
-
-    pub fn open_handles(&self) -> usize {
-        self.handles.lock().len()
     }
 
     pub fn statfs(&self) -> StatFs {

@@ -122,7 +122,7 @@ impl Filesystem for FuseAdapter {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        reply.error(Errno::EROFS);
+        reply.error(errno(&FsError::ReadOnly));
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -142,7 +142,7 @@ impl Filesystem for FuseAdapter {
         _rdev: u32,
         reply: ReplyEntry,
     ) {
-        reply.error(Errno::EROFS);
+        reply.error(errno(&FsError::ReadOnly));
     }
 
     fn mkdir(
@@ -154,15 +154,15 @@ impl Filesystem for FuseAdapter {
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        reply.error(Errno::EROFS);
+        reply.error(errno(&FsError::ReadOnly));
     }
 
     fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::EROFS);
+        reply.error(errno(&FsError::ReadOnly));
     }
 
     fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::EROFS);
+        reply.error(errno(&FsError::ReadOnly));
     }
 
     fn symlink(
@@ -173,7 +173,7 @@ impl Filesystem for FuseAdapter {
         _target: &Path,
         reply: ReplyEntry,
     ) {
-        reply.error(Errno::EROFS);
+        reply.error(errno(&FsError::ReadOnly));
     }
 
     fn rename(
@@ -186,7 +186,7 @@ impl Filesystem for FuseAdapter {
         _flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::EROFS);
+        reply.error(errno(&FsError::ReadOnly));
     }
 
     fn link(
@@ -197,7 +197,7 @@ impl Filesystem for FuseAdapter {
         _newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        reply.error(Errno::EROFS);
+        reply.error(errno(&FsError::ReadOnly));
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -241,7 +241,7 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        reply.error(Errno::EROFS);
+        reply.error(errno(&FsError::ReadOnly));
     }
 
     fn release(
@@ -278,11 +278,11 @@ impl Filesystem for FuseAdapter {
         reply: ReplyXattr,
     ) {
         // ENOSYS once makes the kernel stop asking for the life of the mount.
-        reply.error(Errno::ENOSYS);
+        reply.error(errno(&FsError::NotSupported));
     }
 
     fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: ReplyXattr) {
-        reply.error(Errno::ENOSYS);
+        reply.error(errno(&FsError::NotSupported));
     }
 
     fn setxattr(
@@ -295,11 +295,11 @@ impl Filesystem for FuseAdapter {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::EROFS);
+        reply.error(errno(&FsError::ReadOnly));
     }
 
     fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::EROFS);
+        reply.error(errno(&FsError::ReadOnly));
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -308,7 +308,7 @@ impl Filesystem for FuseAdapter {
                 FileHandle(0),
                 FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
             ),
-            Ok(_) => reply.error(Errno::ENOTDIR),
+            Ok(_) => reply.error(errno(&FsError::NotDir)),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -359,7 +359,7 @@ impl Filesystem for FuseAdapter {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        reply.error(Errno::EROFS);
+        reply.error(errno(&FsError::ReadOnly));
     }
 
     fn fallocate(
@@ -372,6 +372,6 @@ impl Filesystem for FuseAdapter {
         _mode: i32,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::EROFS);
+        reply.error(errno(&FsError::ReadOnly));
     }
 }

@@ -14,7 +14,7 @@
 //! `sealed mount` and the CSI node plugin both use it) and [`MountHandle::unmount`] ends it.
 
 mod breaker;
-pub mod cache;
+mod cache;
 pub mod error;
 pub mod fetch;
 pub mod fs;
@@ -23,20 +23,19 @@ pub mod limits;
 mod lru;
 pub mod metrics;
 pub mod prefetch;
+pub mod readahead;
 pub mod reattach;
 pub mod session;
 pub mod size;
 pub mod tree;
-pub mod warm;
 
-pub use cache::{ChunkCache, DiskCache, MemoryCache};
 pub use error::{FetchError, FsError, MountError};
 pub use fetch::{FetchPolicy, NodeCache, NodeCacheOptions};
 pub use fs::{SealedFs, StatFs};
 pub use limits::MountLimits;
 pub use metrics::{MetricsSnapshot, MountMetrics};
-pub use prefetch::ReadaheadPolicy;
+pub use prefetch::{PrefetchReport, PrefetchSelection};
+pub use readahead::ReadaheadPolicy;
 pub use session::{MountHandle, MountOptions, unmount};
 pub use size::parse_size;
 pub use tree::{Attr, DirEntry, NodeType, Tree};
-pub use warm::PrefetchSelection;

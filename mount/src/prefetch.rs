@@ -1,183 +1,118 @@
-//! Readahead: a window per open file that doubles on sequential reads and resets on a seek,
-//! with one global budget on the bytes being prefetched at once (not per file: per-file
-//! windows with no global bound are how FUSE filesystems run out of memory).
-//!
-//! Prefetched chunks land in the node's memory tier, which is itself bounded for the node.
+//! Background prefetch of a whole version, or of the files matching globs, into the node disk
+//! cache (`--prefetch all|none|GLOB`). It shares the single-flight table with readers, so a
+//! reader that gets there first never causes a second fetch.
 
-use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::metrics::MountMetrics;
+use futures::StreamExt;
+use globset::{Glob, GlobSet, GlobSetBuilder};
+use sealed_store::ChunkRef;
 
-/// How readahead grows.
-#[derive(Clone, Copy, Debug)]
-pub struct ReadaheadPolicy {
-    /// Window after the first read and after every seek, bytes.
-    pub initial: u64,
-    /// Largest window, bytes.
-    pub max: u64,
+use crate::error::MountError;
+use crate::fs::SealedFs;
+
+/// What to prefetch in the background after mounting.
+#[derive(Clone, Debug, Default)]
+pub enum PrefetchSelection {
+    #[default]
+    None,
+    All,
+    /// Files whose path (relative to the root) matches any of these globs.
+    Globs(Vec<String>),
 }
 
-impl Default for ReadaheadPolicy {
-    fn default() -> Self {
-        ReadaheadPolicy {
-            initial: 4 << 20,
-            max: 64 << 20,
-        }
-    }
-}
-
-impl ReadaheadPolicy {
-    pub const OFF: ReadaheadPolicy = ReadaheadPolicy { initial: 0, max: 0 };
-}
-
-/// The readahead state of one open file.
-#[derive(Debug, Default)]
-pub(crate) struct Readahead {
-    /// End of the furthest read so far.
-    next: u64,
-    window: u64,
-    /// Readahead has been issued up to here.
-    issued_until: u64,
-}
-
-/// Kernel readahead sends several requests at once over several FUSE threads, so requests of
-/// a sequential stream arrive slightly out of order: a read this close to the stream still
-/// counts as sequential.
-const REORDER_SLACK: u64 = 8 << 20;
-
-impl Readahead {
-    /// Records a read of `[offset, offset + len)` and returns the range to prefetch, if any.
-    pub fn on_read(
-        &mut self,
-        policy: &ReadaheadPolicy,
-        offset: u64,
-        len: u64,
-        file_size: u64,
-    ) -> Option<Range<u64>> {
-        if policy.max == 0 {
-            return None;
-        }
-        let end = offset.saturating_add(len).min(file_size);
-        let slack = REORDER_SLACK.max(self.window);
-        let sequential =
-            offset <= self.next.saturating_add(slack) && offset.saturating_add(slack) >= self.next;
-        if sequential && self.window > 0 {
-            self.window = (self.window * 2).min(policy.max);
-        } else {
-            self.window = policy.initial.min(policy.max);
-            self.issued_until = end;
-        }
-        if sequential {
-            self.next = self.next.max(end);
-        } else {
-            self.next = end;
-        }
-        let start = self.issued_until.max(end);
-        let stop = end.saturating_add(self.window).min(file_size);
-        if start >= stop {
-            return None;
-        }
-        self.issued_until = stop;
-        Some(start..stop)
-    }
-
-    /// Readahead could not be issued from `offset` on (budget spent): try again next read.
-    pub fn retract(&mut self, offset: u64) {
-        self.issued_until = self.issued_until.min(offset);
-    }
-}
-
-/// The node-wide bound on bytes being prefetched.
-pub(crate) struct PrefetchBudget {
-    cap: u64,
-    used: AtomicU64,
-    metrics: Arc<MountMetrics>,
-}
-
-impl PrefetchBudget {
-    pub fn new(cap: u64, metrics: Arc<MountMetrics>) -> Self {
-        PrefetchBudget {
-            cap,
-            used: AtomicU64::new(0),
-            metrics,
-        }
-    }
-
-    pub fn try_acquire(&self, bytes: u64) -> bool {
-        let mut used = self.used.load(Ordering::Relaxed);
-        loop {
-            if used + bytes > self.cap {
-                MountMetrics::inc(&self.metrics.prefetch_skipped);
-                return false;
-            }
-            match self.used.compare_exchange_weak(
-                used,
-                used + bytes,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => {
-                    MountMetrics::add(&self.metrics.prefetch_bytes_in_flight, bytes);
-                    MountMetrics::inc(&self.metrics.prefetch_issued);
-                    return true;
-                }
-                Err(now) => used = now,
+impl PrefetchSelection {
+    /// Parses `all`, `none`, or comma-separated globs (`*.safetensors,tokenizer*`).
+    pub fn parse(text: &str) -> Result<PrefetchSelection, MountError> {
+        match text.trim() {
+            "" | "none" => Ok(PrefetchSelection::None),
+            "all" => Ok(PrefetchSelection::All),
+            globs => {
+                let globs: Vec<String> = globs
+                    .split(',')
+                    .map(|g| g.trim().to_owned())
+                    .filter(|g| !g.is_empty())
+                    .collect();
+                build(&globs)?;
+                Ok(PrefetchSelection::Globs(globs))
             }
         }
     }
-
-    pub fn release(&self, bytes: u64) {
-        self.used.fetch_sub(bytes, Ordering::AcqRel);
-        MountMetrics::sub(&self.metrics.prefetch_bytes_in_flight, bytes);
-    }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MIB: u64 = 1 << 20;
-
-    #[test]
-    fn window_grows_on_sequential_reads_and_resets_on_seek() {
-        let policy = ReadaheadPolicy {
-            initial: 2 * MIB,
-            max: 8 * MIB,
-        };
-        let size = 1 << 40;
-        let mut ra = Readahead::default();
-        assert_eq!(ra.on_read(&policy, 0, MIB, size), Some(MIB..3 * MIB));
-        assert_eq!(ra.on_read(&policy, MIB, MIB, size), Some(3 * MIB..6 * MIB));
-        assert_eq!(
-            ra.on_read(&policy, 2 * MIB, MIB, size),
-            Some(6 * MIB..11 * MIB)
-        );
-        assert_eq!(
-            ra.on_read(&policy, 3 * MIB, MIB, size),
-            Some(11 * MIB..12 * MIB)
-        );
-        // A seek far away resets the window.
-        assert_eq!(
-            ra.on_read(&policy, 500 * MIB, MIB, size),
-            Some(501 * MIB..503 * MIB)
-        );
-        // Never past the end of the file.
-        let mut ra = Readahead::default();
-        assert_eq!(ra.on_read(&policy, 0, MIB, MIB + 10), Some(MIB..MIB + 10));
-        assert_eq!(ra.on_read(&policy, MIB, 10, MIB + 10), None);
-        // Off means off.
-        assert_eq!(ra.on_read(&ReadaheadPolicy::OFF, 0, MIB, size), None);
+fn build(globs: &[String]) -> Result<GlobSet, MountError> {
+    let mut set = GlobSetBuilder::new();
+    for g in globs {
+        let glob = Glob::new(g).map_err(|e| MountError::BadPattern {
+            pattern: g.clone(),
+            reason: e.to_string(),
+        })?;
+        set.add(glob);
     }
+    set.build().map_err(|e| MountError::BadPattern {
+        pattern: globs.join(","),
+        reason: e.to_string(),
+    })
+}
 
-    #[test]
-    fn budget_is_global_and_bounded() {
-        let budget = PrefetchBudget::new(10, Arc::new(MountMetrics::default()));
-        assert!(budget.try_acquire(6));
-        assert!(!budget.try_acquire(6));
-        assert!(budget.try_acquire(4));
-        budget.release(6);
-        assert!(budget.try_acquire(5));
+/// What a background prefetch did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefetchReport {
+    pub files: u64,
+    pub chunks: u64,
+    pub bytes: u64,
+    pub failed_chunks: u64,
+}
+
+/// Fetches every chunk of the selected files into the cache, `concurrency` at a time.
+pub async fn prefetch(
+    fs: Arc<SealedFs>,
+    selection: &PrefetchSelection,
+    concurrency: usize,
+) -> Result<PrefetchReport, MountError> {
+    let matcher = match selection {
+        PrefetchSelection::None => return Ok(PrefetchReport::default()),
+        PrefetchSelection::All => None,
+        PrefetchSelection::Globs(globs) => Some(build(globs)?),
+    };
+    let mut report = PrefetchReport::default();
+    let mut chunks: Vec<ChunkRef> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for (ino, file) in fs.tree().files() {
+        if let Some(m) = &matcher {
+            let path = fs.tree().path(ino).unwrap_or_default();
+            let name = path.rsplit('/').next().unwrap_or_default();
+            if !m.is_match(&path) && !m.is_match(name) {
+                continue;
+            }
+        }
+        report.files += 1;
+        for c in &file.chunks {
+            if seen.insert(c.digest) {
+                chunks.push(*c);
+            }
+        }
     }
+    let results: Vec<_> = futures::stream::iter(chunks)
+        .map(|c| {
+            let fs = fs.clone();
+            async move { (c, fs.cache().prefetch(fs.store(), &c).await) }
+        })
+        .buffer_unordered(concurrency.max(1))
+        .collect()
+        .await;
+    fs.cache().flush().await;
+    for (c, r) in results {
+        match r {
+            Ok(()) => {
+                report.chunks += 1;
+                report.bytes += u64::from(c.len);
+            }
+            Err(e) => {
+                report.failed_chunks += 1;
+                tracing::warn!(error = %e, "background prefetch of a chunk failed");
+            }
+        }
+    }
+    Ok(report)
 }

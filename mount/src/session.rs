@@ -19,9 +19,9 @@ use crate::fs::SealedFs;
 use crate::fuse::FuseAdapter;
 use crate::limits::MountLimits;
 use crate::metrics::MountMetrics;
-use crate::prefetch::ReadaheadPolicy;
+use crate::prefetch::PrefetchSelection;
+use crate::readahead::ReadaheadPolicy;
 use crate::tree::Tree;
-use crate::warm::{PrefetchSelection, WarmReport, warm};
 
 /// How one version is mounted. The node-wide cache settings live in [`NodeCache`].
 #[derive(Clone, Debug)]
@@ -71,7 +71,8 @@ pub struct MountHandle {
     fuse: Option<OwnedFd>,
     thread: Option<JoinHandle<io::Result<()>>>,
     ended: watch::Receiver<bool>,
-    warm: Option<tokio::task::JoinHandle<Result<WarmReport, MountError>>>,
+    /// The background prefetch, aborted when the mount ends.
+    prefetch: Option<tokio::task::JoinHandle<()>>,
     device: Option<u64>,
     ready_in: Duration,
 }
@@ -202,21 +203,10 @@ impl MountHandle {
         let _ = self.ended.wait_for(|ended| *ended).await;
     }
 
-    /// Waits for the background prefetch (if any) to finish.
-    pub async fn wait_for_prefetch(&mut self) -> Option<Result<WarmReport, MountError>> {
-        let task = self.warm.take()?;
-        Some(task.await.unwrap_or_else(|e| {
-            Err(MountError::Mount {
-                path: self.mountpoint.clone(),
-                source: io::Error::other(e.to_string()),
-            })
-        }))
-    }
-
     /// Unmounts and stops serving. If files are still open (EBUSY) the mount is detached
     /// lazily and its FUSE connection aborted, so this never hangs.
     pub async fn unmount(mut self) -> Result<(), MountError> {
-        if let Some(task) = self.warm.take() {
+        if let Some(task) = self.prefetch.take() {
             task.abort();
         }
         let unmounter = self.unmounter.take();
@@ -264,7 +254,7 @@ impl MountHandle {
 
 impl Drop for MountHandle {
     fn drop(&mut self) {
-        if let Some(task) = self.warm.take() {
+        if let Some(task) = self.prefetch.take() {
             task.abort();
         }
         if let Some(mut unmounter) = self.unmounter.take()
@@ -491,16 +481,17 @@ async fn start(
     .ok()
     .flatten();
 
-    let warm = match &options.prefetch {
+    let prefetching = match &options.prefetch {
         PrefetchSelection::None => None,
         selection => {
             let selection = selection.clone();
             let fs = fs.clone();
             let concurrency = options.prefetch_concurrency;
             Some(tokio::spawn(async move {
-                let report = warm(fs, &selection, concurrency).await?;
-                tracing::info!(?report, "background prefetch done");
-                Ok(report)
+                match crate::prefetch::prefetch(fs, &selection, concurrency).await {
+                    Ok(report) => tracing::info!(?report, "background prefetch done"),
+                    Err(e) => tracing::warn!(error = %e, "background prefetch failed"),
+                }
             }))
         }
     };
@@ -520,7 +511,7 @@ async fn start(
         fuse,
         thread: Some(thread),
         ended,
-        warm,
+        prefetch: prefetching,
         device,
         ready_in,
     })

@@ -99,10 +99,13 @@ async fn a_declared_length_that_is_not_the_chunks_is_eio_never_a_panic() {
         }
         assert!(fs.metrics().snapshot().verification_failures >= 1);
         // Prefetching the lying reference fails the same way when it has bytes to look at
-        // (with a disk cache that holds the chunk already, `warm` reads nothing and serves
+        // (with a disk cache that holds the chunk already, `prefetch` reads nothing and serves
         // nothing: readers are checked in `get`, as above).
         let fresh = NodeCache::new(&NodeCacheOptions::default()).unwrap();
-        let err = fresh.warm(&store, &chunk(b"hello", 11)).await.unwrap_err();
+        let err = fresh
+            .prefetch(&store, &chunk(b"hello", 11))
+            .await
+            .unwrap_err();
         assert!(matches!(err, FetchError::WrongLength { .. }), "{err:?}");
     }
 }

@@ -368,15 +368,16 @@ async fn background_prefetch_warms_the_disk_cache() {
     let fs = open_fs(&store, fx.digest, &cache).await;
 
     let json = sealed_mount::PrefetchSelection::parse("*.json").unwrap();
-    let report = sealed_mount::warm::warm(fs.clone(), &json, 4)
+    let report = sealed_mount::prefetch::prefetch(fs.clone(), &json, 4)
         .await
         .unwrap();
     assert_eq!(report.files, 1);
     assert!(sealed_mount::PrefetchSelection::parse("[").is_err());
 
-    let report = sealed_mount::warm::warm(fs.clone(), &sealed_mount::PrefetchSelection::All, 4)
-        .await
-        .unwrap();
+    let report =
+        sealed_mount::prefetch::prefetch(fs.clone(), &sealed_mount::PrefetchSelection::All, 4)
+            .await
+            .unwrap();
     assert_eq!(report.failed_chunks, 0);
     assert!(report.chunks > 5);
     // Everything is local now: the store can go away.
@@ -395,7 +396,7 @@ async fn sequential_reads_prefetch_within_the_global_budget() {
     let fx = fixture().await;
     let budget = 3 << 20;
     let cache = NodeCache::new(&NodeCacheOptions {
-        prefetch_bytes: budget,
+        readahead_bytes: budget,
         ..Default::default()
     })
     .unwrap();

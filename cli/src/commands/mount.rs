@@ -120,7 +120,7 @@ async fn serve(ctx: &Context, args: MountArgs) -> anyhow::Result<ExitCode> {
         disk_dir: cache_dir.clone(),
         disk_bytes: args.cache_size,
         memory_bytes: args.memory,
-        prefetch_bytes: args.prefetch_memory,
+        readahead_bytes: args.prefetch_memory,
         fetch: FetchPolicy {
             attempt_timeout: ctx.store_options.timeout,
             retries: u32::try_from(ctx.store_options.retries).unwrap_or(u32::MAX),

@@ -26,7 +26,6 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use sealed_store::Digest;
 
-use crate::cache::ChunkCache;
 use crate::error::MountError;
 use crate::lru::{Inserted, LruIndex};
 use crate::metrics::MountMetrics;
@@ -110,10 +109,6 @@ impl DiskCache {
         Ok(cache)
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     fn chunk_path(&self, digest: &Digest) -> PathBuf {
         let hex = digest.hex();
         self.dir.join("chunks").join(&hex[..2]).join(hex)
@@ -157,10 +152,10 @@ impl DiskCache {
         }
         result
     }
-}
 
-impl ChunkCache for DiskCache {
-    fn get(&self, digest: &Digest) -> Option<Bytes> {
+    /// The chunk's bytes, verified again against `digest` (a file damaged on disk is deleted
+    /// and `None`), or `None`. Blocking I/O.
+    pub fn get(&self, digest: &Digest) -> Option<Bytes> {
         if !self.index.lock().contains(digest) {
             return None;
         }
@@ -190,7 +185,8 @@ impl ChunkCache for DiskCache {
         Some(Bytes::from(data))
     }
 
-    fn put(&self, digest: &Digest, data: &Bytes) {
+    /// Keeps a chunk the caller has verified, evicting to stay within the bound. Blocking I/O.
+    pub fn put(&self, digest: &Digest, data: &Bytes) {
         let _writer = self.writer.lock();
         let outcome = self.index.lock().insert(*digest, (), data.len() as u64);
         match outcome {
@@ -204,10 +200,12 @@ impl ChunkCache for DiskCache {
         self.publish();
     }
 
-    fn contains(&self, digest: &Digest) -> bool {
+    pub fn contains(&self, digest: &Digest) -> bool {
         self.index.lock().contains(digest)
     }
 
+    /// Bytes held now.
+    #[cfg(test)]
     fn bytes(&self) -> u64 {
         self.index.lock().bytes()
     }

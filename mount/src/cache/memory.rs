@@ -7,7 +7,6 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use sealed_store::Digest;
 
-use crate::cache::ChunkCache;
 use crate::lru::LruIndex;
 use crate::metrics::MountMetrics;
 
@@ -29,14 +28,14 @@ impl MemoryCache {
             .memory_cache_bytes
             .store(bytes, std::sync::atomic::Ordering::Relaxed);
     }
-}
 
-impl ChunkCache for MemoryCache {
-    fn get(&self, digest: &Digest) -> Option<Bytes> {
+    /// The chunk's bytes (verified before they were put here), or `None`.
+    pub fn get(&self, digest: &Digest) -> Option<Bytes> {
         self.index.lock().get(digest).cloned()
     }
 
-    fn put(&self, digest: &Digest, data: &Bytes) {
+    /// Keeps a chunk the caller has verified, evicting the least recently used.
+    pub fn put(&self, digest: &Digest, data: &Bytes) {
         let mut index = self.index.lock();
         index.insert(*digest, data.clone(), data.len() as u64);
         let bytes = index.bytes();
@@ -44,11 +43,7 @@ impl ChunkCache for MemoryCache {
         self.publish(bytes);
     }
 
-    fn contains(&self, digest: &Digest) -> bool {
+    pub fn contains(&self, digest: &Digest) -> bool {
         self.index.lock().contains(digest)
-    }
-
-    fn bytes(&self) -> u64 {
-        self.index.lock().bytes()
     }
 }
