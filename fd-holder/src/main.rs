@@ -26,14 +26,7 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SEALED_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colours only on a terminal: container logs and files stay plain, greppable text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    sealed_service::logging::init("info", false);
     let listener = listen_at(&args.socket)?;
     tracing::info!(socket = %args.socket.display(), "holding FUSE fds for the node plugin");
     // SIGTERM ends the process by default: the fds close with it, and the mounts stay alive

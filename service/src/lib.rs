@@ -2,6 +2,8 @@
 //! ([`logging`]), the `/metrics` and `/healthz` endpoint ([`http`]) and the store flags with
 //! their environment names ([`store_args`]). Nothing here knows Kubernetes.
 
+#[cfg(feature = "http")]
 pub mod http;
 pub mod logging;
+#[cfg(feature = "store-args")]
 pub mod store_args;

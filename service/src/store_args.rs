@@ -18,7 +18,7 @@ pub mod env {
 /// `--store-timeout`'s bound in seconds (the store's own: one day).
 pub const MAX_TIMEOUT_SECS: u64 = limits::MAX_TIMEOUT.as_secs();
 /// `--store-retries`' bound (the store's own).
-pub const MAX_RETRIES: i64 = limits::MAX_RETRIES as i64;
+pub const MAX_RETRIES: u64 = limits::MAX_RETRIES as u64;
 
 /// Where a daemon's chunks and manifests are.
 #[derive(clap::Args, Clone, Debug)]
@@ -39,7 +39,7 @@ pub struct StoreArgs {
     pub store_timeout: u64,
     /// Retries of a failed store request (0 to 100)
     #[arg(long, env = env::RETRIES, default_value_t = StoreOptions::default().retries as u32,
-          value_parser = clap::value_parser!(u32).range(0..=MAX_RETRIES))]
+          value_parser = clap::value_parser!(u32).range(0..=MAX_RETRIES as i64))]
     pub store_retries: u32,
 }
 
