@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use chrono::Utc;
 use object_store::PutPayload;
-use object_store::path::Path as ObjectPath;
 use sealed_store::gc::{GcOptions, collect};
 use sealed_store::gc_marker::read_gc_marker;
+use sealed_store::layout;
 use sealed_store::lease::{LeaseOptions, list_leases};
 use sealed_store::push::{PushOptions, push};
 use sealed_store::trash::{list_trash, restore_version, trash_version};
@@ -81,7 +81,7 @@ async fn assert_nothing_lost(store: &ChunkStore, context: &str) -> (usize, usize
     }
     let mut trashed = 0;
     for r in list_trash(store).await.unwrap() {
-        let key = ObjectPath::from(format!("trash/{}", r.digest.hex()));
+        let key = layout::trash_manifest_key(&r.digest);
         let bytes = match store.object_store().get(&key).await {
             Ok(g) => g.bytes().await.unwrap(),
             Err(object_store::Error::NotFound { .. }) => continue,
@@ -168,7 +168,7 @@ async fn trash_restore_round_trip_on(store: &ChunkStore) {
 }
 
 async fn chunks_of_trashed(store: &ChunkStore, digest: &Digest) -> Vec<Digest> {
-    let key = ObjectPath::from(format!("trash/{}", digest.hex()));
+    let key = layout::trash_manifest_key(digest);
     let bytes = store
         .object_store()
         .get(&key)
@@ -375,7 +375,7 @@ async fn crashed_writer_lease_expires() {
     store
         .object_store()
         .put(
-            &ObjectPath::from("leases/00000000000000000000000000000000"),
+            &layout::lease_key("00000000000000000000000000000000"),
             PutPayload::from(serde_json::to_vec(&dead).unwrap()),
         )
         .await
@@ -394,7 +394,7 @@ async fn put_marker(store: &ChunkStore, expires_in: chrono::Duration) {
     store
         .object_store()
         .put(
-            &ObjectPath::from("gc/running"),
+            &layout::gc_marker_key(),
             PutPayload::from(serde_json::to_vec(&marker).unwrap()),
         )
         .await
@@ -445,7 +445,7 @@ async fn writers_wait_for_a_running_gc_and_collections_exclude_each_other() {
     let ender = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(700)).await;
         s2.object_store()
-            .delete(&ObjectPath::from("gc/running"))
+            .delete(&layout::gc_marker_key())
             .await
             .unwrap();
     });

@@ -444,7 +444,7 @@ async fn a_trashed_manifest_is_read_back_verified() {
     assert_eq!(trashed, live);
 
     // Other bytes under the trash key: refused, never served as the version.
-    let key = object_store::path::Path::from(format!("trash/{}", report.digest.hex()));
+    let key = sealed_store::layout::trash_manifest_key(&report.digest);
     store
         .object_store()
         .put(&key, Bytes::from_static(b"not the manifest").into())

@@ -6,7 +6,7 @@ mod support;
 use std::sync::Arc;
 
 use object_store::PutPayload;
-use object_store::path::Path as ObjectPath;
+use sealed_store::layout;
 use sealed_store::push::{PushOptions, push};
 use sealed_store::{ChunkStore, NoProgress, VolumeRecord};
 use support::{file_store, rich_tree};
@@ -51,7 +51,7 @@ async fn a_pushed_record_verifies_and_a_forged_one_does_not() {
                 .to_string(),
         )),
     ] {
-        let key = ObjectPath::from(format!("volumes/team-a/grab/{}", report.digest.hex()));
+        let key = layout::volume_record_key("team-a/grab", &report.digest);
         let body = serde_json::to_vec(&record).unwrap();
         store
             .object_store()
@@ -68,7 +68,7 @@ async fn a_pushed_record_verifies_and_a_forged_one_does_not() {
     }
 
     // A record whose content names another volume than its key is not listed at all.
-    let key = ObjectPath::from(format!("volumes/team-a/other/{}", report.digest.hex()));
+    let key = layout::volume_record_key("team-a/other", &report.digest);
     store
         .object_store()
         .put(
