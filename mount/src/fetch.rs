@@ -1,5 +1,11 @@
 //! Verified chunk fetch through the tiers, one fetch per chunk however many readers want it.
 //!
+//! Retries of what a mount reads from the store (chunks, and the manifest `spawn` fetches)
+//! are this module's, by [`FetchPolicy`]: per attempt, with backoff, counted, cut short by
+//! the breaker and bounded by [`FetchPolicy::worst_case`]. The store a mount reads through
+//! is opened without client retries ([`FetchPolicy::store_options`]), so that one retry flag
+//! is one layer of retries.
+//!
 //! [`NodeCache`] is made once per node (or per process) and shared by every mount: it holds
 //! the memory tier, the disk tier, the single-flight table, the global readahead budget and
 //! the metrics.
@@ -14,7 +20,7 @@ use bytes::Bytes;
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use parking_lot::Mutex;
-use sealed_store::{ChunkRef, ChunkStore, Digest, Error as StoreError};
+use sealed_store::{ChunkRef, ChunkStore, Digest, Error as StoreError, StoreOptions};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::breaker::{Admission, Breakers};
@@ -51,6 +57,26 @@ impl Default for FetchPolicy {
 }
 
 impl FetchPolicy {
+    /// The policy for the store options the user gave (`--store-timeout`,
+    /// `--store-retries`): an attempt per request timeout, and the retries asked for.
+    pub fn for_store(store: &StoreOptions) -> FetchPolicy {
+        FetchPolicy {
+            attempt_timeout: store.timeout,
+            retries: u32::try_from(store.retries).unwrap_or(u32::MAX),
+            ..FetchPolicy::default()
+        }
+    }
+
+    /// The options to open the store a mount reads through: `store` without the client's
+    /// own retries, which this policy owns. Retried in both layers, `--store-retries N` made
+    /// up to (N+1)² requests of one chunk, and [`FetchPolicy::worst_case`] was not the bound.
+    pub fn store_options(store: &StoreOptions) -> StoreOptions {
+        StoreOptions {
+            retries: 0,
+            ..store.clone()
+        }
+    }
+
     /// The longest one chunk fetch from the store can take before it fails: every attempt
     /// timing out, plus the pauses between them. With the breaker on, this is also the bound
     /// on one read request of uncached data while the store is down (docs/mount.md).
@@ -147,6 +173,44 @@ impl NodeCache {
     /// True if the chunk is in memory or being fetched: readahead need not ask for it.
     pub(crate) fn is_hot(&self, digest: &Digest) -> bool {
         self.inner.memory.contains(digest) || self.inner.inflight.lock().contains_key(digest)
+    }
+
+    /// The manifest of `digest`, verified against it ([`ChunkStore::get_manifest_bytes`]),
+    /// with the policy's timeouts and retries. Only a store that fails (a backend error, a
+    /// timeout) is asked again; an answer (unknown version, wrong digest, too large) is final.
+    pub(crate) async fn manifest_bytes(
+        &self,
+        store: &ChunkStore,
+        digest: &Digest,
+    ) -> Result<Bytes, StoreError> {
+        let policy = self.inner.policy;
+        let mut pause = policy.backoff;
+        let attempts = policy.retries.saturating_add(1);
+        let mut attempt = 1;
+        loop {
+            let error = match tokio::time::timeout(
+                policy.attempt_timeout,
+                store.get_manifest_bytes(digest),
+            )
+            .await
+            {
+                Ok(Ok(bytes)) => return Ok(bytes),
+                Ok(Err(e @ (StoreError::Backend { .. } | StoreError::Timeout { .. }))) => e,
+                Ok(Err(answer)) => return Err(answer),
+                Err(_) => StoreError::Timeout {
+                    store: store.name().to_owned(),
+                    what: format!("manifest {digest}"),
+                    seconds: policy.attempt_timeout.as_secs(),
+                },
+            };
+            if attempt >= attempts {
+                return Err(error);
+            }
+            tracing::warn!(%digest, attempt, error = %error, "manifest fetch failed");
+            tokio::time::sleep(pause).await;
+            pause = pause.saturating_mul(2).min(Duration::from_secs(2));
+            attempt += 1;
+        }
     }
 
     /// The verified bytes of a chunk, for a reader: memory, then disk, then the store. The

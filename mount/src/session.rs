@@ -98,7 +98,7 @@ impl MountHandle {
         let mountpoint = mountpoint.as_ref();
         // A bad directory is named before the store is asked for anything.
         check_mountpoint(mountpoint)?;
-        let manifest = fetch_manifest(&store, digest, &options.limits).await?;
+        let manifest = fetch_manifest(&store, digest, &cache, &options.limits).await?;
         let prepared = prepare(store, digest, manifest, cache, &options)?;
         spawn_prepared(started, prepared, mountpoint, options).await
     }
@@ -135,7 +135,7 @@ impl MountHandle {
         options: MountOptions,
     ) -> Result<MountHandle, MountError> {
         let started = Instant::now();
-        let manifest = fetch_manifest(&store, digest, &options.limits).await?;
+        let manifest = fetch_manifest(&store, digest, &cache, &options.limits).await?;
         let prepared = prepare(store, digest, manifest, cache, &options)?;
         resume_prepared(started, prepared, fuse, mountpoint.as_ref(), options).await
     }
@@ -306,14 +306,15 @@ fn check_mountpoint(mountpoint: &Path) -> Result<(), MountError> {
     }
 }
 
-/// `digest`'s manifest from the store, verified against the digest; its encoded size is
-/// checked against `limits` before it is parsed.
+/// `digest`'s manifest from the store (retried by the cache's fetch policy), verified against
+/// the digest; its encoded size is checked against `limits` before it is parsed.
 async fn fetch_manifest(
     store: &ChunkStore,
     digest: Digest,
+    cache: &NodeCache,
     limits: &MountLimits,
 ) -> Result<Manifest, MountError> {
-    let bytes = store.get_manifest_bytes(&digest).await?;
+    let bytes = cache.manifest_bytes(store, &digest).await?;
     limits.check_encoded(digest, bytes.len() as u64)?;
     Ok(Manifest::parse(&bytes)?)
 }

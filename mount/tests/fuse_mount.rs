@@ -470,3 +470,78 @@ fn spawn_with_manifest_needs_no_manifest_in_the_store_and_still_verifies_chunks(
     assert!(handle.metrics().snapshot().verification_failures >= 1);
     rt.block_on(handle.unmount()).unwrap();
 }
+
+#[test]
+fn spawn_retries_a_failing_manifest_fetch_by_the_fetch_policy() {
+    if !fuse_available() {
+        return;
+    }
+    let rt = runtime();
+    let fx = rt.block_on(fixture());
+    let faulty = FaultyStore::wrap(fx.store.object_store().clone());
+    let store = ChunkStore::from_object_store(faulty.clone(), "faulty");
+    let policy = FetchPolicy {
+        attempt_timeout: Duration::from_secs(5),
+        retries: 2,
+        backoff: Duration::from_millis(10),
+        breaker_open: Duration::ZERO,
+    };
+    let cache = NodeCache::new(&NodeCacheOptions {
+        fetch: policy,
+        ..Default::default()
+    })
+    .unwrap();
+
+    // Two failures: the third and last attempt mounts.
+    faulty.fail_manifest_gets(2);
+    let mnt = tempfile::tempdir().unwrap();
+    let handle = rt
+        .block_on(MountHandle::spawn(
+            store.clone(),
+            fx.digest,
+            mnt.path(),
+            cache.clone(),
+            MountOptions::default(),
+        ))
+        .unwrap();
+    assert_eq!(faulty.manifest_gets(), 3, "one try and two retries");
+    assert_eq!(fs::read(mnt.path().join("tiny.txt")).unwrap(), b"hello\n");
+    rt.block_on(handle.unmount()).unwrap();
+
+    // A store that keeps failing: its error, after exactly the policy's attempts.
+    faulty.fail_manifest_gets(10);
+    let before = faulty.manifest_gets();
+    let err = rt
+        .block_on(MountHandle::spawn(
+            store,
+            fx.digest,
+            mnt.path(),
+            cache,
+            MountOptions::default(),
+        ))
+        .err()
+        .expect("the manifest never comes");
+    assert!(
+        matches!(
+            err,
+            sealed_mount::MountError::Store(sealed_store::Error::Backend { .. })
+        ),
+        "{err}"
+    );
+    assert_eq!(faulty.manifest_gets() - before, 3);
+}
+
+#[test]
+fn a_mount_store_is_opened_without_client_retries() {
+    let user = sealed_store::StoreOptions {
+        timeout: Duration::from_secs(7),
+        retries: 4,
+        ..Default::default()
+    };
+    let policy = FetchPolicy::for_store(&user);
+    assert_eq!(policy.attempt_timeout, Duration::from_secs(7));
+    assert_eq!(policy.retries, 4);
+    let client = FetchPolicy::store_options(&user);
+    assert_eq!(client.retries, 0, "the fetch policy owns the retries");
+    assert_eq!(client.timeout, user.timeout);
+}

@@ -108,7 +108,12 @@ pub async fn run_mount(ctx: &Context, args: MountArgs) -> anyhow::Result<ExitCod
 async fn serve(ctx: &Context, args: MountArgs) -> anyhow::Result<ExitCode> {
     let digest = parse_digest(&args.digest)?;
     let prefetch = PrefetchSelection::parse(&args.prefetch)?;
-    let store = ctx.open_store().await?;
+    // The mount retries its own reads (FetchPolicy); its store client does not retry again.
+    let store_options = FetchPolicy::store_options(&ctx.store_options);
+    store_options.validate()?;
+    let store = sealed_store::ChunkStore::open(&ctx.store_url, &store_options)
+        .await
+        .with_context(|| format!("cannot open store {}", ctx.store_url))?;
     let cache_dir = match (&args.cache_dir, args.no_disk_cache) {
         (_, true) => None,
         (Some(dir), false) => Some(dir.clone()),
@@ -121,11 +126,7 @@ async fn serve(ctx: &Context, args: MountArgs) -> anyhow::Result<ExitCode> {
         disk_bytes: args.cache_size,
         memory_bytes: args.memory,
         readahead_bytes: args.prefetch_memory,
-        fetch: FetchPolicy {
-            attempt_timeout: ctx.store_options.timeout,
-            retries: u32::try_from(ctx.store_options.retries).unwrap_or(u32::MAX),
-            ..FetchPolicy::default()
-        },
+        fetch: FetchPolicy::for_store(&ctx.store_options),
     })?;
     let options = MountOptions {
         readahead: ReadaheadPolicy {

@@ -111,12 +111,15 @@ pub const OK: u8 = 0;
 pub const HANG: u8 = 1;
 pub const FAIL: u8 = 2;
 
-/// Wraps a store; chunk GETs can be made to hang or fail, and are counted.
+/// Wraps a store; chunk GETs can be made to hang or fail, and are counted; the next few
+/// manifest GETs can be made to fail.
 #[derive(Debug)]
 pub struct FaultyStore {
     pub inner: Arc<dyn ObjectStore>,
     pub mode: AtomicU8,
     pub chunk_gets: AtomicU64,
+    pub manifest_gets: AtomicU64,
+    pub manifest_failures: AtomicU64,
 }
 
 impl FaultyStore {
@@ -125,6 +128,8 @@ impl FaultyStore {
             inner,
             mode: AtomicU8::new(OK),
             chunk_gets: AtomicU64::new(0),
+            manifest_gets: AtomicU64::new(0),
+            manifest_failures: AtomicU64::new(0),
         })
     }
 
@@ -134,6 +139,15 @@ impl FaultyStore {
 
     pub fn gets(&self) -> u64 {
         self.chunk_gets.load(Ordering::SeqCst)
+    }
+
+    /// The next `n` manifest GETs fail with a backend error.
+    pub fn fail_manifest_gets(&self, n: u64) {
+        self.manifest_failures.store(n, Ordering::SeqCst);
+    }
+
+    pub fn manifest_gets(&self) -> u64 {
+        self.manifest_gets.load(Ordering::SeqCst)
     }
 }
 
@@ -178,6 +192,19 @@ impl ObjectStore for FaultyStore {
                     });
                 }
                 _ => {}
+            }
+        }
+        if location.as_ref().starts_with("manifests/") {
+            self.manifest_gets.fetch_add(1, Ordering::SeqCst);
+            let fail = self
+                .manifest_failures
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if fail {
+                return Err(object_store::Error::Generic {
+                    store: "faulty",
+                    source: "injected manifest failure".into(),
+                });
             }
         }
         self.inner.get_opts(location, options).await
