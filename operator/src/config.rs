@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use sealed_store::StoreOptions;
 
-use crate::source::SourcePolicy;
+use sealed_sources::SourcePolicy;
 
 /// Where syncs run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

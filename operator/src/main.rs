@@ -9,11 +9,11 @@ use clap::{Args, Parser, Subcommand};
 use kube_lease_manager::LeaseManagerBuilder;
 use sealed_crds::Source;
 use sealed_operator::config::{OperatorConfig, SyncExecutor, SyncResources};
-use sealed_operator::source::SourcePolicy;
-use sealed_operator::source_adapter::hide_store;
+use sealed_operator::sync::failure::hide_store;
 use sealed_operator::sync::job::EXIT_PERMANENT;
 use sealed_operator::sync::{Counters, Credentials, SyncFailure, SyncRequest, Termination};
 use sealed_operator::{controller, http, metrics::Metrics};
+use sealed_sources::SourcePolicy;
 use sealed_store::{ChunkStore, StoreOptions};
 
 #[derive(Parser)]
@@ -63,7 +63,7 @@ impl StoreArgs {
     }
 }
 
-/// What tenants' sources may be (see `sealed_operator::source::policy` and docs/sources.md).
+/// What tenants' sources may be (see `sealed_sources::policy` and docs/sources.md).
 /// `run` takes them from its flags or environment; a sync Job gets them as flags.
 #[derive(Args)]
 struct PolicyArgs {
@@ -364,7 +364,7 @@ async fn sync(args: SyncArgs) -> anyhow::Result<u8> {
         Err(e) => {
             // The details name the store: this Job's log (in the operator's namespace) has
             // them; the termination message, which the tenant sees, does not.
-            tracing::error!(error = %sealed_operator::source::redact_urls_in(&format!("{e:#}")), "cannot open the store");
+            tracing::error!(error = %sealed_sources::redact_urls_in(&format!("{e:#}")), "cannot open the store");
             Err(SyncFailure::transient(
                 "StoreUnavailable",
                 format!(

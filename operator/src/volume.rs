@@ -19,7 +19,7 @@ use serde_json::json;
 
 use crate::context::{Context, Executor, MANAGER};
 use crate::error::{Error, Result};
-use crate::sync::{Credentials, SyncFailure, SyncOutcome, SyncRequest, SyncState};
+use crate::sync::{SyncFailure, SyncOutcome, SyncRequest, SyncState, credentials};
 
 /// Field manager of the sync outcome fields the volume controller writes on a version.
 const SYNC_MANAGER: &str = "sealed-operator-sync";
@@ -189,7 +189,7 @@ async fn drive_sync(
         SyncState::Unknown => {
             // The source policy first (a refused source starts no Job and reads no Secret),
             // then the credentials.
-            let prepared = Credentials::prepare(
+            let prepared = credentials::prepare(
                 &ctx.client,
                 &namespace,
                 &volume.spec.source,
@@ -298,8 +298,8 @@ async fn drive_sync(
             sync.finished_at = Some(now());
             match result {
                 Ok(outcome) => {
-                    sync.revision = outcome.source_revision.clone();
-                    sync.digest = Some(outcome.digest.clone());
+                    sync.revision = outcome_revision(&outcome);
+                    sync.digest = Some(outcome.digest.to_string());
                     sync.bytes_done = status_count(outcome.bytes);
                     sync.bytes_total = status_count(outcome.bytes);
                     sync.files_done = status_count(outcome.files);
@@ -373,6 +373,11 @@ fn record_failure(status: &mut SealedVolumeStatus, failure: &SyncFailure, genera
     );
 }
 
+/// The source revision a sync sealed; none when the outcome carries none (an older Job's).
+fn outcome_revision(outcome: &SyncOutcome) -> Option<String> {
+    Some(outcome.source_revision.clone()).filter(|r| !r.is_empty())
+}
+
 /// Creates the SealedVolumeVersion of a finished sync (once) and records what the sync
 /// uploaded on it. Returns its name.
 async fn record_version(
@@ -381,16 +386,17 @@ async fn record_version(
     outcome: &SyncOutcome,
 ) -> Result<String> {
     let namespace = volume.namespace().unwrap_or_default();
-    let name = SealedVolumeVersionSpec::object_name(&volume.name_any(), &outcome.digest);
+    let digest = outcome.digest.to_string();
+    let name = SealedVolumeVersionSpec::object_name(&volume.name_any(), &digest);
     let versions: Api<SealedVolumeVersion> = Api::namespaced(ctx.client.clone(), &namespace);
-    create_version(volume, ctx, &versions, &name, &outcome.digest).await?;
+    create_version(volume, ctx, &versions, &name, &digest).await?;
     let patch = json!({
         "apiVersion": sealed_crds::API_VERSION,
         "kind": "SealedVolumeVersion",
         "status": {
             "bytesNew": outcome.bytes_new,
             "bytesReused": outcome.bytes_reused,
-            "sourceRevision": outcome.source_revision,
+            "sourceRevision": outcome_revision(outcome),
         }
     });
     versions

@@ -15,131 +15,98 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client};
 use sealed_crds::{ALLOWED_HOSTS_ANNOTATION, SOURCE_CREDENTIALS_LABEL, Source, SourceKind};
 
-use super::SyncFailure;
-use crate::source::policy::credential_target;
-use crate::source::{SourcePolicy, redact_urls_in};
+use sealed_sources::policy::credential_target;
+use sealed_sources::{SourcePolicy, redact_urls_in};
 
-/// Environment variables of a sync Job carrying the source's credentials. A prefix keeps
-/// them apart from the store's own (both may be AWS_ACCESS_KEY_ID).
-pub const ENV_PREFIX: &str = "SEALED_SOURCE_";
-/// The Hugging Face token, under [`ENV_PREFIX`].
-pub const HF_TOKEN_KEY: &str = "HF_TOKEN";
+use super::SyncFailure;
+use crate::source_spec::source_spec;
 
 /// The source readers' credentials type; this module adds how the operator gets them.
-pub use crate::source::SourceCredentials as Credentials;
+pub use sealed_sources::SourceCredentials as Credentials;
+pub use sealed_sources::credentials::{ENV_PREFIX, HF_TOKEN_KEY};
 
-impl Credentials {
-    /// As environment variables (`SEALED_SOURCE_<KEY>`), for a sync Job's Secret.
-    pub fn to_env(&self) -> BTreeMap<String, String> {
-        let mut env = BTreeMap::new();
-        if let Some(token) = &self.hf_token {
-            env.insert(format!("{ENV_PREFIX}{HF_TOKEN_KEY}"), token.clone());
-        }
-        for (k, v) in &self.object_store {
-            env.insert(format!("{ENV_PREFIX}{k}"), v.clone());
-        }
-        env
-    }
+/// What a sync of `source` needs before it starts: the policy's verdict (`SourceRefused`,
+/// `CredentialsRequired`, `InvalidSource` when it does not admit the source), then the
+/// credentials ([`read`]). Nothing is requested from the source.
+pub async fn prepare(
+    client: &Client,
+    namespace: &str,
+    source: &Source,
+    policy: &SourcePolicy,
+) -> Result<Credentials, SyncFailure> {
+    source_spec(source)
+        .and_then(|spec| policy.check(&spec, names_secret(source)))
+        .map_err(|e| SyncFailure::new(e.reason(), redact_urls_in(&e.to_string())))?;
+    read(client, namespace, source).await
+}
 
-    /// Back from the environment, in the sync Job.
-    pub fn from_env(vars: impl IntoIterator<Item = (String, String)>) -> Self {
-        let mut creds = Credentials::default();
-        for (k, v) in vars {
-            let Some(key) = k.strip_prefix(ENV_PREFIX) else {
-                continue;
-            };
-            if key == HF_TOKEN_KEY {
-                creds.hf_token = Some(v);
-            } else if !key.is_empty() {
-                creds.object_store.insert(key.to_string(), v);
+/// Reads what `source` refers to from Secrets in `namespace`. A missing Secret or key is
+/// a failure with reason `SecretNotFound` naming it; a Secret without the opt-in label is
+/// `SecretNotOptedIn`; one whose allowed-hosts annotation does not name the host the
+/// source would send it to is `SecretHostNotAllowed`.
+pub async fn read(
+    client: &Client,
+    namespace: &str,
+    source: &Source,
+) -> Result<Credentials, SyncFailure> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let get = |name: String| {
+        let secrets = secrets.clone();
+        async move {
+            match secrets.get_opt(&name).await {
+                Ok(Some(s)) => {
+                    opted_in(&s, namespace, &name)?;
+                    Ok(s)
+                }
+                Ok(None) => Err(SyncFailure::new(
+                    "SecretNotFound",
+                    format!(
+                        "Secret {namespace}/{name} does not exist; create it or fix the reference"
+                    ),
+                )),
+                Err(e) => Err(SyncFailure::new(
+                    "SecretUnreadable",
+                    format!(
+                        "cannot read Secret {namespace}/{name}: {}",
+                        redact_urls_in(&e.to_string())
+                    ),
+                )),
             }
         }
-        creds
-    }
-
-    /// What a sync of `source` needs before it starts: the policy's verdict (`SourceRefused`,
-    /// `CredentialsRequired`, `InvalidSource` when it does not admit the source), then the
-    /// credentials ([`read`](Self::read)). Nothing is requested from the source.
-    pub async fn prepare(
-        client: &Client,
-        namespace: &str,
-        source: &Source,
-        policy: &SourcePolicy,
-    ) -> Result<Credentials, SyncFailure> {
-        policy
-            .check(source, names_secret(source))
-            .map_err(|e| SyncFailure::new(e.reason(), redact_urls_in(&e.to_string())))?;
-        Credentials::read(client, namespace, source).await
-    }
-
-    /// Reads what `source` refers to from Secrets in `namespace`. A missing Secret or key is
-    /// a failure with reason `SecretNotFound` naming it; a Secret without the opt-in label is
-    /// `SecretNotOptedIn`; one whose allowed-hosts annotation does not name the host the
-    /// source would send it to is `SecretHostNotAllowed`.
-    pub async fn read(
-        client: &Client,
-        namespace: &str,
-        source: &Source,
-    ) -> Result<Credentials, SyncFailure> {
-        let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-        let get = |name: String| {
-            let secrets = secrets.clone();
-            async move {
-                match secrets.get_opt(&name).await {
-                    Ok(Some(s)) => {
-                        opted_in(&s, namespace, &name)?;
-                        Ok(s)
-                    }
-                    Ok(None) => Err(SyncFailure::new(
+    };
+    let mut creds = Credentials::default();
+    match source.kind() {
+        Ok(SourceKind::HuggingFace(hf)) => {
+            if let Some(r) = &hf.token_secret_ref {
+                let secret = get(r.name.clone()).await?;
+                allowed_host(&secret, namespace, &r.name, source, &BTreeMap::new())?;
+                let value = secret_value(&secret, &r.key).ok_or_else(|| {
+                    SyncFailure::new(
                         "SecretNotFound",
                         format!(
-                            "Secret {namespace}/{name} does not exist; create it or fix the reference"
+                            "Secret {namespace}/{} has no key {:?} (spec.source.huggingFace.tokenSecretRef)",
+                            r.name, r.key
                         ),
-                    )),
-                    Err(e) => Err(SyncFailure::new(
-                        "SecretUnreadable",
-                        format!(
-                            "cannot read Secret {namespace}/{name}: {}",
-                            redact_urls_in(&e.to_string())
-                        ),
-                    )),
-                }
+                    )
+                })?;
+                creds.hf_token = Some(value.trim().to_string());
             }
-        };
-        let mut creds = Credentials::default();
-        match source.kind() {
-            Ok(SourceKind::HuggingFace(hf)) => {
-                if let Some(r) = &hf.token_secret_ref {
-                    let secret = get(r.name.clone()).await?;
-                    allowed_host(&secret, namespace, &r.name, source, &BTreeMap::new())?;
-                    let value = secret_value(&secret, &r.key).ok_or_else(|| {
-                        SyncFailure::new(
-                            "SecretNotFound",
-                            format!(
-                                "Secret {namespace}/{} has no key {:?} (spec.source.huggingFace.tokenSecretRef)",
-                                r.name, r.key
-                            ),
-                        )
-                    })?;
-                    creds.hf_token = Some(value.trim().to_string());
-                }
-            }
-            Ok(SourceKind::ObjectStore(os)) => {
-                if let Some(r) = &os.credentials_secret_ref {
-                    let secret = get(r.name.clone()).await?;
-                    for key in secret_keys(&secret) {
-                        if let Some(v) = secret_value(&secret, &key) {
-                            creds.object_store.insert(key, v);
-                        }
-                    }
-                    allowed_host(&secret, namespace, &r.name, source, &creds.object_store)?;
-                }
-            }
-            Ok(SourceKind::Upload(_)) => {}
-            Err(e) => return Err(SyncFailure::new("InvalidSpec", e.to_string())),
         }
-        Ok(creds)
+        Ok(SourceKind::ObjectStore(os)) => {
+            if let Some(r) = &os.credentials_secret_ref {
+                let secret = get(r.name.clone()).await?;
+                for key in secret_keys(&secret) {
+                    if let Some(v) = secret_value(&secret, &key) {
+                        creds.object_store.insert(key, v);
+                    }
+                }
+                allowed_host(&secret, namespace, &r.name, source, &creds.object_store)?;
+            }
+        }
+        Ok(SourceKind::Upload(_)) => {}
+        Err(e) => return Err(SyncFailure::new("InvalidSpec", e.to_string())),
     }
+    Ok(creds)
 }
 
 /// Whether `source` names a Secret (token or credentials).
@@ -195,7 +162,8 @@ fn allowed_host(
             == Some(object_store::azure::AzureConfigKey::AccountName))
         .then_some(v.as_str())
     });
-    let target = credential_target(source, account)
+    let target = source_spec(source)
+        .and_then(|spec| credential_target(&spec, account))
         .map_err(|e| SyncFailure::new(e.reason(), redact_urls_in(&e.to_string())))?;
     let Some(target) = target else {
         return Ok(());
@@ -404,25 +372,6 @@ mod tests {
             err.message.contains("acct.blob.core.windows.net"),
             "{}",
             err.message
-        );
-    }
-
-    #[test]
-    fn env_round_trip_and_debug_hides_values() {
-        let mut c = Credentials {
-            hf_token: Some("hf_secret".into()),
-            ..Default::default()
-        };
-        c.object_store
-            .insert("AWS_SECRET_ACCESS_KEY".into(), "s3cret".into());
-        let env = c.to_env();
-        assert_eq!(env["SEALED_SOURCE_HF_TOKEN"], "hf_secret");
-        let back = Credentials::from_env(env.into_iter().chain([("PATH".into(), "/bin".into())]));
-        assert_eq!(back, c);
-        let dbg = format!("{c:?}");
-        assert!(
-            !dbg.contains("hf_secret") && !dbg.contains("s3cret"),
-            "{dbg}"
         );
     }
 }

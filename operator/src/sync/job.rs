@@ -333,8 +333,8 @@ fn secret_env(name: &str, prefix: Option<&str>) -> EnvFromSource {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::source::SourcePolicy;
     use sealed_crds::{ObjectStoreSource, Source};
+    use sealed_sources::SourcePolicy;
 
     #[test]
     fn store_credentials_are_prefixed_and_the_policy_is_passed() {

@@ -4,6 +4,7 @@
 //! learns the outcome (shared memory, or the Job pod's termination message).
 
 pub mod credentials;
+pub mod failure;
 pub mod inline;
 pub mod job;
 
@@ -11,10 +12,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use sealed_crds::Source;
+use sealed_sources::{SyncOptions, SyncProgress, sync_source};
 use serde::{Deserialize, Serialize};
 
-pub use crate::source::SourcePolicy;
 pub use credentials::Credentials;
+pub use sealed_sources::{SourcePolicy, SyncOutcome};
 
 /// One sync to run: which volume, from what, why (the trigger), and under which policy.
 #[derive(Clone, Debug)]
@@ -34,20 +36,6 @@ impl SyncRequest {
     pub fn volume(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
-}
-
-/// What a finished sync sealed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SyncOutcome {
-    pub digest: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub source_revision: Option<String>,
-    pub files: u64,
-    pub bytes: u64,
-    pub chunks: u64,
-    pub bytes_new: u64,
-    pub bytes_reused: u64,
 }
 
 /// Why a sync failed: `reason` is a CamelCase condition reason (`RepoNotFound`,
@@ -105,6 +93,20 @@ pub struct CountersSnapshot {
     pub bytes_total: u64,
     pub files_done: u64,
     pub files_total: u64,
+}
+
+/// The source readers count into the counters directly.
+impl SyncProgress for Counters {
+    fn listed(&self, files: u64, bytes: u64) {
+        self.files_total.store(files, Ordering::Relaxed);
+        self.bytes_total.store(bytes, Ordering::Relaxed);
+    }
+    fn advance(&self, bytes: u64) {
+        self.bytes_done.fetch_add(bytes, Ordering::Relaxed);
+    }
+    fn file_done(&self, _path: &str, _bytes: u64) {
+        self.files_done.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 impl Counters {
@@ -175,7 +177,16 @@ pub async fn run(
     credentials: &Credentials,
     counters: Arc<Counters>,
 ) -> Result<SyncOutcome, SyncFailure> {
-    crate::source_adapter::sync(store, request, credentials, counters).await
+    let options = SyncOptions {
+        volume: Some(request.volume()),
+        policy: request.policy.clone(),
+        ..Default::default()
+    };
+    let synced = match crate::source_spec::source_spec(&request.source) {
+        Ok(spec) => sync_source(store, &spec, credentials, &options, counters).await,
+        Err(e) => Err(e),
+    };
+    synced.map_err(|e| SyncFailure::from_source(&e, store.name(), &request.volume()))
 }
 
 #[cfg(test)]

@@ -46,32 +46,3 @@ pub fn start_hub(root: &Path, page_size: usize) -> Option<Server> {
         _dir: None,
     })
 }
-
-/// A whole HTTP/1.1 response with a Content-Length, for the hand-made servers of the tests.
-pub fn http_response(status: &str, headers: &[(&str, String)], body: &[u8]) -> Vec<u8> {
-    let mut out = format!(
-        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        out.push_str(&format!("{k}: {v}\r\n"));
-    }
-    out.push_str("\r\n");
-    let mut out = out.into_bytes();
-    out.extend_from_slice(body);
-    out
-}
-
-/// Reads an HTTP/1.1 request up to the end of its head; `None` if the client hung up first.
-pub async fn read_request_head(conn: &mut tokio::net::TcpStream) -> Option<String> {
-    use tokio::io::AsyncReadExt as _;
-    let mut head = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        match conn.read(&mut buf).await {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => head.extend_from_slice(&buf[..n]),
-        }
-    }
-    Some(String::from_utf8_lossy(&head).into_owned())
-}

@@ -1,72 +1,31 @@
-//! Bridges a sync request to the source readers in [`crate::source`]: counts progress for
-//! the volume's status and turns their errors into condition reasons. What leaves here is
-//! tenant-visible (conditions, Events, termination messages): URLs are redacted and the store
-//! is "the store", never its URL.
+//! A source reader's error as the operator reports it: a [`SyncFailure`] whose reason is the
+//! condition reason and whose message is tenant-visible (conditions, Events, termination
+//! messages), so URLs are redacted and the store is "the store", never its URL.
 
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use sealed_sources::{SourceError, redact_urls_in};
 
-use sealed_store::ChunkStore;
+use super::SyncFailure;
 
-use crate::source::{SourceError, SyncOptions, SyncProgress, redact_urls_in, sync_source};
-use crate::sync::{Counters, Credentials, SyncFailure, SyncOutcome, SyncRequest};
-
-struct CountingProgress(Arc<Counters>);
-
-impl SyncProgress for CountingProgress {
-    fn listed(&self, files: u64, bytes: u64) {
-        self.0.files_total.store(files, Ordering::Relaxed);
-        self.0.bytes_total.store(bytes, Ordering::Relaxed);
-    }
-    fn advance(&self, bytes: u64) {
-        self.0.bytes_done.fetch_add(bytes, Ordering::Relaxed);
-    }
-    fn file_done(&self, _path: &str, _bytes: u64) {
-        self.0.files_done.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-pub async fn sync(
-    store: &ChunkStore,
-    request: &SyncRequest,
-    credentials: &Credentials,
-    counters: Arc<Counters>,
-) -> Result<SyncOutcome, SyncFailure> {
-    let options = SyncOptions {
-        volume: Some(request.volume()),
-        policy: request.policy.clone(),
-        ..Default::default()
-    };
-    let progress = Arc::new(CountingProgress(counters));
-    match sync_source(store, &request.source, credentials, &options, progress).await {
-        Ok(outcome) => Ok(SyncOutcome {
-            digest: outcome.digest.to_string(),
-            source_revision: Some(outcome.source_revision),
-            files: outcome.files,
-            bytes: outcome.bytes,
-            chunks: outcome.report.unique_chunks,
-            bytes_new: outcome.report.bytes_uploaded,
-            bytes_reused: outcome.report.bytes_reused,
-        }),
-        Err(e) => {
-            let message = match &e {
-                SourceError::Store(inner) => {
-                    // The details name the store; they go to the log of the operator (or of
-                    // the sync Job, in the operator's namespace), not to the tenant.
-                    tracing::warn!(volume = %request.volume(), error = %redact_urls_in(&inner.to_string()), "the store failed during a sync");
-                    format!(
-                        "store: {}",
-                        without_urls(&hide_store(&inner.to_string(), store.name()))
-                    )
-                }
-                _ => hide_store(&e.to_string(), store.name()),
-            };
-            let failure = if e.is_permanent() {
-                SyncFailure::new(e.reason(), message)
-            } else {
-                SyncFailure::transient(e.reason(), message)
-            };
-            Err(failure)
+impl SyncFailure {
+    /// The failure a sync of `volume` into the store named `store_name` reports for `e`:
+    /// permanent or worth a retry as [`SourceError::is_permanent`] says.
+    pub fn from_source(e: &SourceError, store_name: &str, volume: &str) -> SyncFailure {
+        let message = match e {
+            SourceError::Store(inner) => {
+                // The details name the store; they go to the log of the operator (or of
+                // the sync Job, in the operator's namespace), not to the tenant.
+                tracing::warn!(volume, error = %redact_urls_in(&inner.to_string()), "the store failed during a sync");
+                format!(
+                    "store: {}",
+                    without_urls(&hide_store(&inner.to_string(), store_name))
+                )
+            }
+            _ => hide_store(&e.to_string(), store_name),
+        };
+        if e.is_permanent() {
+            SyncFailure::new(e.reason(), message)
+        } else {
+            SyncFailure::transient(e.reason(), message)
         }
     }
 }

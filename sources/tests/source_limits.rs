@@ -9,11 +9,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sealed_crds::{HuggingFaceRepoType, HuggingFaceSource, ObjectStoreSource, Source};
-use sealed_operator::source::limits::{MAX_LISTING_ENTRIES, MAX_PAGE_BYTES};
-use sealed_operator::source::{
-    NoSyncProgress, SourceCredentials, SourceError, SourceLimits, SourcePolicy, SyncOptions,
-    sync_source,
+use sealed_sources::limits::{MAX_LISTING_ENTRIES, MAX_PAGE_BYTES};
+use sealed_sources::{
+    BucketPrefix, HubRepo, HubRepoType, NoSyncProgress, SourceCredentials, SourceError,
+    SourceLimits, SourcePolicy, SourceSpec, SyncOptions, sync_source,
 };
 use sealed_store::ChunkStore;
 use tokio::io::AsyncWriteExt;
@@ -211,14 +210,13 @@ fn opts() -> SyncOptions {
     }
 }
 
-fn hub_source(endpoint: &str, repo: &str) -> Source {
-    Source::hugging_face(HuggingFaceSource {
+fn hub_source(endpoint: &str, repo: &str) -> SourceSpec {
+    SourceSpec::HuggingFace(HubRepo {
         repo: repo.into(),
         revision: "main".into(),
-        repo_type: HuggingFaceRepoType::Model,
+        repo_type: HubRepoType::Model,
         include: vec![],
         exclude: vec![],
-        token_secret_ref: None,
         endpoint: Some(endpoint.into()),
     })
 }
@@ -335,11 +333,10 @@ async fn a_prefix_with_too_many_objects_is_refused() {
     for i in 0..30 {
         fs::write(dir.path().join(format!("f{i:02}")), [i as u8]).unwrap();
     }
-    let source = Source::object_store(ObjectStoreSource {
+    let source = SourceSpec::ObjectStore(BucketPrefix {
         url: format!("file://{}", dir.path().display()),
         endpoint: None,
         region: None,
-        credentials_secret_ref: None,
     });
     let with_limit = |max_entries| SyncOptions {
         limits: SourceLimits {
@@ -383,11 +380,10 @@ async fn an_endless_bucket_listing_page_is_cut_off() {
         unit: b"<Contents><Key>m/x</Key><Size>1</Size><ETag>\"e\"</ETag></Contents>".repeat(1024),
     })
     .await;
-    let source = Source::object_store(ObjectStoreSource {
+    let source = SourceSpec::ObjectStore(BucketPrefix {
         url: "s3://b/m".into(),
         endpoint: Some(hub.url.clone()),
         region: Some("us-east-1".into()),
-        credentials_secret_ref: None,
     });
     let creds = SourceCredentials {
         hf_token: None,

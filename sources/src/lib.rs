@@ -12,14 +12,17 @@
 //! a secret. See `docs/sources.md`.
 
 pub mod bucket;
+pub mod credentials;
 pub mod huggingface;
 pub mod limits;
 pub mod policy;
+pub mod spec;
 
+pub use credentials::SourceCredentials;
 pub use limits::SourceLimits;
 pub use policy::{Access, SourcePolicy};
+pub use spec::{BucketPrefix, HubRepo, HubRepoType, SourceSpec};
 
-use std::collections::BTreeMap;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -27,63 +30,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::TryStreamExt;
-use sealed_crds::{Source, SourceKind};
-use sealed_store::ingest::{Ingest, IngestOptions, IngestReport};
+use sealed_store::ingest::{Ingest, IngestOptions};
 use sealed_store::progress::Phase;
 use sealed_store::{ChunkStore, Digest, Progress};
+use serde::{Deserialize, Serialize};
 use sha1::Sha1;
 use sha2::{Digest as _, Sha256};
 use tokio::io::{AsyncRead, ReadBuf};
-
-/// Secrets for one source. `Debug` never prints values.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct SourceCredentials {
-    /// The Hugging Face access token (`Authorization: Bearer`).
-    pub hf_token: Option<String>,
-    /// Object-store settings as environment-style keys: AWS_ACCESS_KEY_ID,
-    /// AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AZURE_STORAGE_ACCOUNT_NAME,
-    /// AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_TOKEN, GOOGLE_SERVICE_ACCOUNT_KEY, ...
-    /// Empty means none: such a source is refused unless the [`SourcePolicy`] allow-lists it
-    /// for the ambient credentials of the process (its environment, workload identity).
-    pub object_store: BTreeMap<String, String>,
-}
-
-impl std::fmt::Debug for SourceCredentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SourceCredentials")
-            .field("hf_token", &self.hf_token.as_ref().map(|_| "<redacted>"))
-            .field(
-                "object_store_keys",
-                &self.object_store.keys().collect::<Vec<_>>(),
-            )
-            .finish()
-    }
-}
-
-impl SourceCredentials {
-    /// Every secret value, longest first, for scrubbing messages.
-    fn secrets(&self) -> Vec<String> {
-        // Names, places and regions are not secrets; keeping them makes messages useful.
-        let public = ["ACCOUNT_NAME", "REGION", "ENDPOINT", "BUCKET", "CONTAINER"];
-        let secret_values = self
-            .object_store
-            .iter()
-            .filter(|(k, _)| {
-                let k = k.to_ascii_uppercase();
-                !public.iter().any(|p| k.contains(p))
-            })
-            .map(|(_, v)| v);
-        let mut out: Vec<String> = self
-            .hf_token
-            .iter()
-            .chain(secret_values)
-            .filter(|v| v.len() >= 4)
-            .cloned()
-            .collect();
-        out.sort_by_key(|s| std::cmp::Reverse(s.len()));
-        out
-    }
-}
 
 /// How a sync runs.
 #[derive(Clone, Debug)]
@@ -119,20 +72,27 @@ impl Default for SyncOptions {
     }
 }
 
-/// What a finished sync sealed.
-#[derive(Clone, Debug)]
+/// What a finished sync sealed. Also the success line a sync Job writes to its termination
+/// log, so it is serializable (camelCase, as the API's status fields).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct SyncOutcome {
     /// The version's digest, exactly what `sealed push` of the same files gives.
     pub digest: Digest,
-    /// The ingest's numbers (uploaded and reused bytes, chunks, directories, ...).
-    pub report: IngestReport,
     /// The immutable source revision: the Hub commit (40 hex), or for an object store
     /// `etags:<64 hex>`, a BLAKE3 over the sorted (path, ETag, size) listing.
+    #[serde(default)]
     pub source_revision: String,
     /// Files synced (after include/exclude).
     pub files: u64,
     /// Bytes of file content synced.
     pub bytes: u64,
+    /// Distinct chunks in the version.
+    pub chunks: u64,
+    /// Bytes of chunks that had to be uploaded.
+    pub bytes_new: u64,
+    /// Bytes of distinct chunks the store already had.
+    pub bytes_reused: u64,
 }
 
 /// Progress of a sync. Every method has a no-op default; calls come from several tasks.
@@ -359,11 +319,11 @@ impl SourceError {
 }
 
 /// Whether `creds` hold anything for `source` (a token, object-store keys).
-fn has_credentials(source: &Source, creds: &SourceCredentials) -> bool {
-    match source.kind() {
-        Ok(SourceKind::HuggingFace(_)) => creds.hf_token.as_deref().is_some_and(|t| !t.is_empty()),
-        Ok(SourceKind::ObjectStore(_)) => !creds.object_store.is_empty(),
-        _ => false,
+fn has_credentials(source: &SourceSpec, creds: &SourceCredentials) -> bool {
+    match source {
+        SourceSpec::HuggingFace(_) => creds.hf_token.as_deref().is_some_and(|t| !t.is_empty()),
+        SourceSpec::ObjectStore(_) => !creds.object_store.is_empty(),
+        SourceSpec::Upload => false,
     }
 }
 
@@ -393,26 +353,23 @@ impl Opened {
     /// Checks `source` against the policy (and against `store`, the store the sync writes
     /// to), then opens it. Nothing is requested before the check.
     fn open(
-        source: &Source,
+        source: &SourceSpec,
         creds: &SourceCredentials,
         opts: &SyncOptions,
         store: Option<&ChunkStore>,
     ) -> Result<Opened, SourceError> {
         let access = opts.policy.check(source, has_credentials(source, creds))?;
-        if let (Some(store), Ok(SourceKind::ObjectStore(os))) = (store, source.kind()) {
+        if let (Some(store), SourceSpec::ObjectStore(os)) = (store, source) {
             policy::refuse_store(os, store.name())?;
         }
-        match source
-            .kind()
-            .map_err(|e| SourceError::Invalid(e.to_string()))?
-        {
-            SourceKind::HuggingFace(hf) => Ok(Opened::Hub(Box::new(huggingface::HubSource::open(
+        match source {
+            SourceSpec::HuggingFace(hf) => Ok(Opened::Hub(Box::new(huggingface::HubSource::open(
                 hf, creds, opts,
             )?))),
-            SourceKind::ObjectStore(os) => Ok(Opened::Bucket(bucket::BucketSource::open(
+            SourceSpec::ObjectStore(os) => Ok(Opened::Bucket(bucket::BucketSource::open(
                 os, creds, opts, access,
             )?)),
-            SourceKind::Upload(_) => Err(SourceError::NotSyncable),
+            SourceSpec::Upload => Err(SourceError::NotSyncable),
         }
     }
 
@@ -427,7 +384,7 @@ impl Opened {
 /// The source's current immutable revision, without syncing anything: a Hub commit, or for an
 /// object store `etags:<64 hex>` over its listing. Cheap enough to poll for changes.
 pub async fn resolve_revision(
-    source: &Source,
+    source: &SourceSpec,
     creds: &SourceCredentials,
     opts: &SyncOptions,
 ) -> Result<String, SourceError> {
@@ -443,7 +400,7 @@ pub async fn resolve_revision(
 /// Streams `source` into `store` and seals it as one version; see the module docs.
 pub async fn sync_source(
     store: &ChunkStore,
-    source: &Source,
+    source: &SourceSpec,
     creds: &SourceCredentials,
     opts: &SyncOptions,
     progress: Arc<dyn SyncProgress>,
@@ -455,7 +412,7 @@ pub async fn sync_source(
 
 async fn sync_inner(
     store: &ChunkStore,
-    source: &Source,
+    source: &SourceSpec,
     creds: &SourceCredentials,
     opts: &SyncOptions,
     progress: Arc<dyn SyncProgress>,
@@ -510,10 +467,12 @@ async fn sync_inner(
     tracing::info!(source = %what, revision = %revision, digest = %report.digest, "sync sealed");
     Ok(SyncOutcome {
         digest: report.digest,
+        source_revision: revision,
         files: report.files,
         bytes: report.bytes,
-        report,
-        source_revision: revision,
+        chunks: report.unique_chunks,
+        bytes_new: report.bytes_uploaded,
+        bytes_reused: report.bytes_reused,
     })
 }
 

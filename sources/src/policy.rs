@@ -20,7 +20,7 @@
 //!   (`--ambient-credentials-source`); otherwise it is refused (`CredentialsRequired`). A Hub
 //!   source without a token is fine: public repositories need none.
 
-use sealed_crds::{HuggingFaceSource, ObjectStoreSource, Source, SourceKind};
+use crate::spec::{BucketPrefix, HubRepo, SourceSpec};
 use url::Url;
 
 use super::huggingface::DEFAULT_ENDPOINT;
@@ -110,12 +110,9 @@ impl SourcePolicy {
 
     /// Whether `source` may be read, and with what. `has_credentials`: the source names a
     /// Secret (in the reconciler) or the Secret gave something (in the reader).
-    pub fn check(&self, source: &Source, has_credentials: bool) -> Result<Access, SourceError> {
-        match source
-            .kind()
-            .map_err(|e| SourceError::Invalid(e.to_string()))?
-        {
-            SourceKind::HuggingFace(hf) => {
+    pub fn check(&self, source: &SourceSpec, has_credentials: bool) -> Result<Access, SourceError> {
+        match source {
+            SourceSpec::HuggingFace(hf) => {
                 self.check_hub(hf)?;
                 Ok(if has_credentials {
                     Access::Own
@@ -123,12 +120,12 @@ impl SourcePolicy {
                     Access::Anonymous
                 })
             }
-            SourceKind::ObjectStore(os) => self.check_object_store(os, has_credentials),
-            SourceKind::Upload(_) => Err(SourceError::NotSyncable),
+            SourceSpec::ObjectStore(os) => self.check_object_store(os, has_credentials),
+            SourceSpec::Upload => Err(SourceError::NotSyncable),
         }
     }
 
-    fn check_hub(&self, hf: &HuggingFaceSource) -> Result<(), SourceError> {
+    fn check_hub(&self, hf: &HubRepo) -> Result<(), SourceError> {
         let endpoint = hub_endpoint(hf)?;
         if endpoint.scheme() == "http" && !self.allow_http {
             return Err(SourceError::Refused(format!(
@@ -143,7 +140,7 @@ impl SourcePolicy {
 
     fn check_object_store(
         &self,
-        os: &ObjectStoreSource,
+        os: &BucketPrefix,
         has_credentials: bool,
     ) -> Result<Access, SourceError> {
         let shown = redact_url(&os.url);
@@ -206,7 +203,7 @@ impl SourcePolicy {
 
 /// The Hub endpoint of `hf`, parsed and checked: http(s), a host, no user, password, query or
 /// fragment.
-pub(crate) fn hub_endpoint(hf: &HuggingFaceSource) -> Result<Url, SourceError> {
+pub(crate) fn hub_endpoint(hf: &HubRepo) -> Result<Url, SourceError> {
     let raw = hf
         .endpoint
         .as_deref()
@@ -234,7 +231,7 @@ pub(crate) fn hub_endpoint(hf: &HuggingFaceSource) -> Result<Url, SourceError> {
 }
 
 /// Refuses an object-store source that is `store_url`, lies inside it or contains it.
-pub(crate) fn refuse_store(os: &ObjectStoreSource, store_url: &str) -> Result<(), SourceError> {
+pub(crate) fn refuse_store(os: &BucketPrefix, store_url: &str) -> Result<(), SourceError> {
     let Ok(store) = Location::parse_store(store_url) else {
         // Not a URL we can place (memory://, a test backend): nothing can overlap it.
         return Ok(());
@@ -253,16 +250,13 @@ pub(crate) fn refuse_store(os: &ObjectStoreSource, store_url: &str) -> Result<()
 /// Where a source's credentials are sent: the Hub endpoint's host, the object-store endpoint's
 /// host, an https URL's host, or else the provider's canonical host (`s3.amazonaws.com`,
 /// `storage.googleapis.com`, `<account>.blob.core.windows.net`). `None` for `file://`.
-pub(crate) fn credential_target(
-    source: &Source,
+pub fn credential_target(
+    source: &SourceSpec,
     azure_account: Option<&str>,
 ) -> Result<Option<Target>, SourceError> {
-    match source
-        .kind()
-        .map_err(|e| SourceError::Invalid(e.to_string()))?
-    {
-        SourceKind::HuggingFace(hf) => Ok(Target::of(&hub_endpoint(hf)?)),
-        SourceKind::ObjectStore(os) => {
+    match source {
+        SourceSpec::HuggingFace(hf) => Ok(Target::of(&hub_endpoint(hf)?)),
+        SourceSpec::ObjectStore(os) => {
             let loc = Location::parse(&os.url, os.endpoint.as_deref(), "spec.source.objectStore")?;
             if let Some(t) = loc.endpoint.as_deref().and_then(|e| Url::parse(e).ok()) {
                 return Ok(Target::of(&t));
@@ -281,13 +275,13 @@ pub(crate) fn credential_target(
             };
             Ok(Some(Target { host, port: None }))
         }
-        SourceKind::Upload(_) => Ok(None),
+        SourceSpec::Upload => Ok(None),
     }
 }
 
 /// A host credentials go to.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Target {
+pub struct Target {
     /// Lowercase host name or IP address.
     pub host: String,
     /// The port when the URL names one other than the scheme's default.
@@ -537,25 +531,23 @@ fn percent_decode(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sealed_crds::{HuggingFaceRepoType, SecretRef};
+    use crate::spec::HubRepoType;
 
-    fn os(url: &str, endpoint: Option<&str>) -> Source {
-        Source::object_store(ObjectStoreSource {
+    fn os(url: &str, endpoint: Option<&str>) -> SourceSpec {
+        SourceSpec::ObjectStore(BucketPrefix {
             url: url.into(),
             endpoint: endpoint.map(Into::into),
             region: None,
-            credentials_secret_ref: None,
         })
     }
 
-    fn hub(endpoint: Option<&str>) -> Source {
-        Source::hugging_face(HuggingFaceSource {
+    fn hub(endpoint: Option<&str>) -> SourceSpec {
+        SourceSpec::HuggingFace(HubRepo {
             repo: "org/model".into(),
             revision: "main".into(),
-            repo_type: HuggingFaceRepoType::Model,
+            repo_type: HubRepoType::Model,
             include: vec![],
             exclude: vec![],
-            token_secret_ref: None,
             endpoint: endpoint.map(Into::into),
         })
     }
@@ -662,11 +654,10 @@ mod tests {
             "Ok"
         );
         // The reader checks against the store it writes to as well.
-        let source = ObjectStoreSource {
+        let source = BucketPrefix {
             url: "s3://b/p".into(),
             endpoint: None,
             region: None,
-            credentials_secret_ref: None,
         };
         assert!(refuse_store(&source, "s3://b").is_err());
         assert!(refuse_store(&source, "memory://").is_ok());
@@ -825,7 +816,7 @@ mod tests {
     #[test]
     fn upload_and_bad_kinds() {
         let p = store("s3://store");
-        assert_eq!(reason(p.check(&Source::upload(), false)), "NotSyncable");
+        assert_eq!(reason(p.check(&SourceSpec::Upload, false)), "NotSyncable");
         assert_eq!(
             reason(p.check(&os("memory:///", None), true)),
             "InvalidSource"
@@ -869,7 +860,7 @@ mod tests {
 
     #[test]
     fn credential_targets() {
-        let target = |s: &Source, account: Option<&str>| {
+        let target = |s: &SourceSpec, account: Option<&str>| {
             credential_target(s, account).unwrap().map(|t| t.display())
         };
         assert_eq!(target(&hub(None), None).as_deref(), Some("huggingface.co"));
@@ -920,6 +911,5 @@ mod tests {
         assert!(t.allowed_by("minio.example.com:9000"));
         assert!(!t.allowed_by("minio.example.com:9001"));
         assert!(!t.allowed_by("example.com"));
-        let _ = SecretRef { name: "x".into() };
     }
 }

@@ -26,13 +26,13 @@ use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::sync::Arc;
 
+use crate::spec::BucketPrefix;
 use futures::TryStreamExt;
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
 use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreScheme};
-use sealed_crds::ObjectStoreSource;
 use sealed_store::CappedConnector;
 use sealed_store::ingest::Ingest;
 use tokio_util::io::StreamReader;
@@ -68,7 +68,7 @@ impl BucketSource {
     /// Opens the source for reading with `access` (what the policy decided): the Secret's
     /// keys, the process's environment (allow-listed only), or nothing (`file://`).
     pub(crate) fn open(
-        src: &ObjectStoreSource,
+        src: &BucketPrefix,
         creds: &SourceCredentials,
         opts: &SyncOptions,
         access: Access,
@@ -725,11 +725,10 @@ mod tests {
 
     #[test]
     fn without_ambient_access_the_environment_is_never_read() {
-        let src = ObjectStoreSource {
+        let src = BucketPrefix {
             url: "s3://models/llm".into(),
             endpoint: None,
             region: None,
-            credentials_secret_ref: None,
         };
         // No Secret and no ambient access: refused before any builder runs.
         let err = BucketSource::open(

@@ -25,10 +25,10 @@
 
 use std::sync::Arc;
 
+use crate::spec::{HubRepo, HubRepoType};
 use futures::TryStreamExt;
 use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, LINK};
-use sealed_crds::{HuggingFaceRepoType, HuggingFaceSource};
 use sealed_store::ingest::Ingest;
 use serde::Deserialize;
 use tokio_util::io::StreamReader;
@@ -52,7 +52,7 @@ pub struct HubSource {
     http: reqwest::Client,
     endpoint: Url,
     repo: String,
-    repo_type: HuggingFaceRepoType,
+    repo_type: HubRepoType,
     revision: String,
     token: Option<String>,
     include: Option<globset::GlobSet>,
@@ -96,7 +96,7 @@ enum Stage {
 
 impl HubSource {
     pub(crate) fn open(
-        src: &HuggingFaceSource,
+        src: &HubRepo,
         creds: &SourceCredentials,
         opts: &SyncOptions,
     ) -> Result<HubSource, SourceError> {
@@ -150,8 +150,8 @@ impl HubSource {
     /// `hf://org/name` or `hf://datasets/org/name` (plus the endpoint when not the public Hub).
     pub(crate) fn describe(&self) -> String {
         let kind = match self.repo_type {
-            HuggingFaceRepoType::Model => "",
-            HuggingFaceRepoType::Dataset => "datasets/",
+            HubRepoType::Model => "",
+            HubRepoType::Dataset => "datasets/",
         };
         let shown = redact_url(self.endpoint.as_str());
         let host = shown.trim_end_matches('/');
@@ -173,8 +173,8 @@ impl HubSource {
 
     fn api_url(&self, tail: &[&str]) -> Result<Url, SourceError> {
         let kind = match self.repo_type {
-            HuggingFaceRepoType::Model => "models",
-            HuggingFaceRepoType::Dataset => "datasets",
+            HubRepoType::Model => "models",
+            HubRepoType::Dataset => "datasets",
         };
         let mut segments = vec!["api", kind];
         segments.extend(self.repo.split('/'));
@@ -314,7 +314,7 @@ impl HubSource {
         progress: &Arc<dyn SyncProgress>,
     ) -> Result<(), SourceError> {
         let mut segments = Vec::new();
-        if self.repo_type == HuggingFaceRepoType::Dataset {
+        if self.repo_type == HubRepoType::Dataset {
             segments.push("datasets");
         }
         segments.extend(self.repo.split('/'));

@@ -10,42 +10,20 @@ mod support;
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, PutPayload};
-use sealed_crds::{HuggingFaceRepoType, HuggingFaceSource, ObjectStoreSource, Source};
-use sealed_operator::source::{
-    NoSyncProgress, SourceCredentials, SourceError, SourcePolicy, SyncOptions, SyncOutcome,
-    SyncProgress, resolve_revision, sync_source,
+use sealed_sources::{
+    BucketPrefix, HubRepo, HubRepoType, NoSyncProgress, SourceCredentials, SourceError,
+    SourcePolicy, SourceSpec, SyncOptions, SyncOutcome, SyncProgress, resolve_revision,
+    sync_source,
 };
-use sealed_store::push::{PushOptions, push};
-use sealed_store::{ChunkStore, Digest, NoProgress};
-use support::{AZURITE_ACCOUNT, AZURITE_KEY, pseudo_random};
-use tokio::io::AsyncWriteExt;
-
-/// A model-shaped tree: nested directories, an empty file, a file over 8 MiB, one shorter than
-/// the minimum chunk, JSON. (Sources carry no empty directories, symlinks or modes.)
-fn model_tree(root: &Path) {
-    fs::create_dir_all(root.join("weights")).unwrap();
-    fs::create_dir_all(root.join("sub/dir")).unwrap();
-    fs::write(root.join("config.json"), b"{\"hidden\": 4096}\n").unwrap();
-    fs::write(root.join("tokenizer.json"), pseudo_random(300 << 10, 3)).unwrap();
-    fs::write(root.join("empty.txt"), b"").unwrap();
-    fs::write(root.join("tiny.bin"), pseudo_random(1000, 4)).unwrap();
-    fs::write(
-        root.join("weights/model-00001.safetensors"),
-        pseudo_random(9 << 20, 1),
-    )
-    .unwrap();
-    fs::write(
-        root.join("weights/model-00002.safetensors"),
-        pseudo_random(2 << 20, 2),
-    )
-    .unwrap();
-    fs::write(root.join("sub/dir/deep.txt"), b"deep\n").unwrap();
-}
+use sealed_store::ChunkStore;
+use support::{
+    AZURITE_ACCOUNT, AZURITE_KEY, Recorder, attacker, model_tree, pseudo_random, push_digest,
+};
 
 /// Rewrites the tail of the big shard: most of its chunks stay the same.
 fn change_one_file(root: &Path) {
@@ -54,18 +32,6 @@ fn change_one_file(root: &Path) {
     let n = data.len();
     data[n - 1000..].copy_from_slice(&pseudo_random(1000, 99));
     fs::write(path, data).unwrap();
-}
-
-async fn push_digest(dir: &Path) -> Digest {
-    push(
-        &ChunkStore::memory(),
-        dir,
-        &PushOptions::default(),
-        Arc::new(NoProgress),
-    )
-    .await
-    .unwrap()
-    .digest
 }
 
 fn copy_tree(from: &Path, to: &Path, keep: &dyn Fn(&str) -> bool) {
@@ -115,14 +81,13 @@ impl SyncProgress for Counting {
     }
 }
 
-fn hf(endpoint: &str, repo: &str, revision: &str) -> HuggingFaceSource {
-    HuggingFaceSource {
+fn hf(endpoint: &str, repo: &str, revision: &str) -> HubRepo {
+    HubRepo {
         repo: repo.into(),
         revision: revision.into(),
-        repo_type: HuggingFaceRepoType::Model,
+        repo_type: HubRepoType::Model,
         include: vec![],
         exclude: vec![],
-        token_secret_ref: None,
         endpoint: Some(endpoint.into()),
     }
 }
@@ -147,7 +112,7 @@ fn opts() -> SyncOptions {
 
 async fn sync(
     store: &ChunkStore,
-    source: &Source,
+    source: &SourceSpec,
     creds: &SourceCredentials,
 ) -> Result<SyncOutcome, SourceError> {
     sync_source(store, source, creds, &opts(), Arc::new(NoSyncProgress)).await
@@ -163,7 +128,7 @@ async fn hugging_face_sync_matches_push() {
         return;
     };
     let store = ChunkStore::memory();
-    let source = Source::hugging_face(hf(&hub.url, "acme/llm", "main"));
+    let source = SourceSpec::HuggingFace(hf(&hub.url, "acme/llm", "main"));
     let progress = Arc::new(Counting::default());
     let first = sync_source(
         &store,
@@ -201,19 +166,19 @@ async fn hugging_face_sync_matches_push() {
     assert_ne!(second.digest, first.digest);
     assert_eq!(second.digest, push_digest(&repo).await);
     assert!(
-        second.report.bytes_reused >= 8 << 20,
+        second.bytes_reused >= 8 << 20,
         "reused only {} bytes",
-        second.report.bytes_reused
+        second.bytes_reused
     );
-    assert!(second.report.bytes_uploaded <= 5 << 20);
+    assert!(second.bytes_new <= 5 << 20);
 
     // The same sync, pinned to the commit instead of the branch.
-    let pinned = Source::hugging_face(hf(&hub.url, "acme/llm", &second.source_revision));
+    let pinned = SourceSpec::HuggingFace(hf(&hub.url, "acme/llm", &second.source_revision));
     let again = sync(&store, &pinned, &SourceCredentials::default())
         .await
         .unwrap();
     assert_eq!(again.digest, second.digest);
-    assert_eq!(again.report.bytes_uploaded, 0);
+    assert_eq!(again.bytes_new, 0);
 }
 
 #[tokio::test]
@@ -229,7 +194,7 @@ async fn hugging_face_include_exclude() {
     spec.exclude = vec!["*-00002.*".into()];
     let outcome = sync(
         &ChunkStore::memory(),
-        &Source::hugging_face(spec),
+        &SourceSpec::HuggingFace(spec),
         &SourceCredentials::default(),
     )
     .await
@@ -246,7 +211,7 @@ async fn hugging_face_include_exclude() {
     spec.include = vec!["*.gguf".into()];
     let err = sync(
         &ChunkStore::memory(),
-        &Source::hugging_face(spec),
+        &SourceSpec::HuggingFace(spec),
         &SourceCredentials::default(),
     )
     .await
@@ -259,10 +224,10 @@ async fn hugging_face_include_exclude() {
     fs::write(data.join("train/part-0.jsonl"), pseudo_random(2 << 20, 11)).unwrap();
     fs::write(data.join("README.md"), b"# corpus\n").unwrap();
     let mut spec = hf(&hub.url, "acme/corpus", "main");
-    spec.repo_type = HuggingFaceRepoType::Dataset;
+    spec.repo_type = HubRepoType::Dataset;
     let outcome = sync(
         &ChunkStore::memory(),
-        &Source::hugging_face(spec),
+        &SourceSpec::HuggingFace(spec),
         &SourceCredentials::default(),
     )
     .await
@@ -297,7 +262,7 @@ async fn hugging_face_errors() {
     };
 
     // Private without a token, or with a wrong one: AccessDenied, never echoing the token.
-    let private_src = Source::hugging_face(hf(&hub.url, "acme/private", "main"));
+    let private_src = SourceSpec::HuggingFace(hf(&hub.url, "acme/private", "main"));
     let err = sync(&store, &private_src, &none).await.unwrap_err();
     assert_eq!(err.reason(), "AccessDenied", "{err}");
     assert!(err.to_string().contains("tokenSecretRef"), "{err}");
@@ -311,7 +276,7 @@ async fn hugging_face_errors() {
 
     let err = sync(
         &store,
-        &Source::hugging_face(hf(&hub.url, "acme/missing", "main")),
+        &SourceSpec::HuggingFace(hf(&hub.url, "acme/missing", "main")),
         &none,
     )
     .await
@@ -321,7 +286,7 @@ async fn hugging_face_errors() {
 
     let err = sync(
         &store,
-        &Source::hugging_face(hf(&hub.url, "acme/private", "v9")),
+        &SourceSpec::HuggingFace(hf(&hub.url, "acme/private", "v9")),
         &with(token),
     )
     .await
@@ -332,7 +297,7 @@ async fn hugging_face_errors() {
     let before = store.list_versions().await.unwrap().len();
     let err = sync(
         &store,
-        &Source::hugging_face(hf(&hub.url, "acme/corrupt", "main")),
+        &SourceSpec::HuggingFace(hf(&hub.url, "acme/corrupt", "main")),
         &none,
     )
     .await
@@ -347,7 +312,7 @@ async fn hugging_face_errors() {
     fs::write(small.join(".corrupt"), b"").unwrap();
     let err = sync(
         &store,
-        &Source::hugging_face(hf(&hub.url, "acme/corrupt-small", "main")),
+        &SourceSpec::HuggingFace(hf(&hub.url, "acme/corrupt-small", "main")),
         &none,
     )
     .await
@@ -358,7 +323,7 @@ async fn hugging_face_errors() {
     // Two 503s on the download are retried.
     let ok = sync(
         &store,
-        &Source::hugging_face(hf(&hub.url, "acme/flaky", "main")),
+        &SourceSpec::HuggingFace(hf(&hub.url, "acme/flaky", "main")),
         &none,
     )
     .await
@@ -373,7 +338,7 @@ async fn hugging_face_errors() {
     let progress = Arc::new(Counting::default());
     let ok = sync_source(
         &store,
-        &Source::hugging_face(hf(&hub.url, "acme/broken", "main")),
+        &SourceSpec::HuggingFace(hf(&hub.url, "acme/broken", "main")),
         &none,
         &opts(),
         progress.clone(),
@@ -390,7 +355,7 @@ async fn hugging_face_errors() {
     dead.endpoint = Some("http://127.0.0.1:9".into());
     let err = sync_source(
         &store,
-        &Source::hugging_face(dead),
+        &SourceSpec::HuggingFace(dead),
         &none,
         &SyncOptions {
             retries: 1,
@@ -429,12 +394,11 @@ async fn upload_dir(store: &dyn ObjectStore, prefix: &str, dir: &Path) {
     }
 }
 
-fn bucket_source(url: &str, endpoint: Option<&str>) -> Source {
-    Source::object_store(ObjectStoreSource {
+fn bucket_source(url: &str, endpoint: Option<&str>) -> SourceSpec {
+    SourceSpec::ObjectStore(BucketPrefix {
         url: url.into(),
         endpoint: endpoint.map(Into::into),
         region: Some("us-east-1".into()),
-        credentials_secret_ref: None,
     })
 }
 
@@ -470,7 +434,7 @@ async fn file_prefix_sync_matches_push() {
     let second = sync(&store, &source, &creds).await.unwrap();
     assert_ne!(second.source_revision, first.source_revision);
     assert_eq!(second.digest, push_digest(&data).await);
-    assert!(second.report.bytes_reused >= 8 << 20);
+    assert!(second.bytes_reused >= 8 << 20);
 }
 
 #[tokio::test]
@@ -511,7 +475,7 @@ async fn s3_sync_matches_push() {
     let second = sync(&store, &source, &creds).await.unwrap();
     assert_eq!(second.digest, push_digest(dir.path()).await);
     assert_ne!(second.source_revision, first.source_revision);
-    assert!(second.report.bytes_reused >= 8 << 20);
+    assert!(second.bytes_reused >= 8 << 20);
 
     // The same prefix as a path-style https(http)://host/bucket/prefix URL.
     let path_style = sync(
@@ -589,11 +553,10 @@ async fn azure_sync_matches_push() {
             ("AZURE_STORAGE_ACCOUNT_KEY".to_owned(), key.to_owned()),
         ]),
     };
-    let source = Source::object_store(ObjectStoreSource {
+    let source = SourceSpec::ObjectStore(BucketPrefix {
         url: "az://models/llm".into(),
         endpoint: Some(azurite.url.clone()),
         region: None,
-        credentials_secret_ref: None,
     });
     let store = ChunkStore::memory();
     let outcome = sync(&store, &source, &creds(AZURITE_KEY)).await.unwrap();
@@ -604,72 +567,6 @@ async fn azure_sync_matches_push() {
     let err = sync(&store, &source, &creds(wrong)).await.unwrap_err();
     assert_eq!(err.reason(), "CredentialsRejected", "{err}");
     assert!(!format!("{err} {err:?}").contains(wrong));
-}
-
-/// A loopback HTTP server that records the head (request line and headers) of every request
-/// and answers with `respond(head)`: an attacker's endpoint, or a Hub stand-in.
-struct Recorder {
-    url: String,
-    requests: Arc<Mutex<Vec<String>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Recorder {
-    async fn start(respond: impl Fn(&str) -> Vec<u8> + Send + Sync + 'static) -> Recorder {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let requests = Arc::new(Mutex::new(Vec::new()));
-        let respond = Arc::new(respond);
-        let seen = requests.clone();
-        let task = tokio::spawn(async move {
-            while let Ok((mut conn, _)) = listener.accept().await {
-                let (seen, respond) = (seen.clone(), respond.clone());
-                tokio::spawn(async move {
-                    let Some(head) = support::read_request_head(&mut conn).await else {
-                        return;
-                    };
-                    seen.lock().unwrap().push(head.clone());
-                    let _ = conn.write_all(&respond(&head)).await;
-                    let _ = conn.shutdown().await;
-                });
-            }
-        });
-        Recorder {
-            url,
-            requests,
-            task,
-        }
-    }
-
-    fn requests(&self) -> Vec<String> {
-        self.requests.lock().unwrap().clone()
-    }
-
-    /// Requests that carried any credential: an Authorization header, an AWS or Azure
-    /// signature or token header, or a signed query.
-    fn with_credentials(&self) -> Vec<String> {
-        self.requests()
-            .into_iter()
-            .filter(|h| {
-                let h = h.to_ascii_lowercase();
-                [
-                    "authorization:",
-                    "x-amz-security-token:",
-                    "x-ms-",
-                    "x-amz-signature",
-                    "sig=",
-                ]
-                .iter()
-                .any(|w| h.contains(w))
-            })
-            .collect()
-    }
-}
-
-impl Drop for Recorder {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
 
 /// The request line's path.
@@ -727,11 +624,6 @@ async fn hostile_hub(next: String) -> Recorder {
     .await
 }
 
-/// An attacker's endpoint: answers everything with 200 "hello" (a 5-byte file, an S3 error).
-async fn attacker() -> Recorder {
-    Recorder::start(|_| support::http_response("200 OK", &[], b"hello")).await
-}
-
 #[tokio::test]
 async fn hub_token_stays_at_its_origin() {
     let evil = attacker().await;
@@ -745,7 +637,7 @@ async fn hub_token_stays_at_its_origin() {
     // A next page at another origin (another port): never followed, with or without a token.
     let err = sync(
         &ChunkStore::memory(),
-        &Source::hugging_face(hf(&hub.url, "acme/paged", "main")),
+        &SourceSpec::HuggingFace(hf(&hub.url, "acme/paged", "main")),
         &creds,
     )
     .await
@@ -765,7 +657,7 @@ async fn hub_token_stays_at_its_origin() {
     // A redirect to another origin is followed (the Hub's CDN), without the token.
     let ok = sync(
         &ChunkStore::memory(),
-        &Source::hugging_face(hf(&hub.url, "acme/redirect", "main")),
+        &SourceSpec::HuggingFace(hf(&hub.url, "acme/redirect", "main")),
         &creds,
     )
     .await
@@ -779,7 +671,7 @@ async fn hub_token_stays_at_its_origin() {
     let with_password = hub.url.replace("http://", "http://user:hunter2pass@");
     let err = sync(
         &ChunkStore::memory(),
-        &Source::hugging_face(hf(&with_password, "acme/redirect", "main")),
+        &SourceSpec::HuggingFace(hf(&with_password, "acme/redirect", "main")),
         &SourceCredentials::default(),
     )
     .await
@@ -791,7 +683,7 @@ async fn hub_token_stays_at_its_origin() {
     // Plain http without the operator's flag: refused before any request.
     let err = sync_source(
         &ChunkStore::memory(),
-        &Source::hugging_face(hf(&hub.url, "acme/redirect", "main")),
+        &SourceSpec::HuggingFace(hf(&hub.url, "acme/redirect", "main")),
         &creds,
         &SyncOptions {
             policy: SourcePolicy::default(),
@@ -867,160 +759,4 @@ async fn object_store_endpoint_gets_no_ambient_credentials() {
         "{err:?}"
     );
     assert!(evil.requests().is_empty(), "{:?}", evil.requests());
-}
-
-/// `sealed-operator sync` as a sync Job runs it, with a clean environment.
-async fn sync_process(args: Vec<String>, env: Vec<(String, String)>) -> (i32, serde_json::Value) {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("termination-log");
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sealed-operator"));
-    cmd.env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("HOME", dir.path())
-        .arg("sync")
-        .args(&args)
-        .arg("--termination-log")
-        .arg(&log)
-        .envs(env);
-    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
-        .await
-        .unwrap();
-    let code = out.status.code().unwrap_or(-1);
-    let text = fs::read_to_string(&log).unwrap_or_else(|_| {
-        panic!(
-            "no termination log (exit {code}): {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (code, serde_json::from_str(&text).unwrap())
-}
-
-#[tokio::test]
-async fn sync_job_keeps_the_store_credentials_to_the_store() {
-    let Some(moto) = support::start_moto("sealed-store", false) else {
-        return;
-    };
-    let evil = attacker().await;
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("llm");
-    model_tree(&data);
-    let store_key = "STOREKEYID0123456789";
-    let store_env = vec![
-        (
-            "SEALED_STORE_CRED_AWS_ACCESS_KEY_ID".to_string(),
-            store_key.to_string(),
-        ),
-        (
-            "SEALED_STORE_CRED_AWS_SECRET_ACCESS_KEY".to_string(),
-            "store-secret".to_string(),
-        ),
-    ];
-    let store_args = |source: serde_json::Value, extra: &[&str]| {
-        let mut a: Vec<String> = [
-            "--store",
-            "s3://sealed-store/sv",
-            "--store-endpoint",
-            &moto.url,
-            "--store-region",
-            "us-east-1",
-            "--volume",
-            "ml/llm",
-            "--source",
-            &source.to_string(),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        a.extend(extra.iter().map(|s| s.to_string()));
-        a
-    };
-    let file_source =
-        serde_json::json!({"objectStore": {"url": format!("file://{}", data.display())}});
-
-    // The store opens with its credentials under SEALED_STORE_CRED_ (ChunkStore::connect),
-    // and the allowed file source seals the digest `sealed push` gives.
-    let (code, t) = sync_process(
-        store_args(file_source.clone(), &["--allow-file-sources"]),
-        store_env.clone(),
-    )
-    .await;
-    assert_eq!(code, 0, "{t}");
-    assert_eq!(
-        t["succeeded"]["digest"].as_str(),
-        Some(push_digest(&data).await.to_string().as_str()),
-        "{t}"
-    );
-
-    // The Job checks the policy again: without the flag, a file source is refused.
-    let (code, t) = sync_process(store_args(file_source, &[]), store_env.clone()).await;
-    assert_eq!(code, 3, "{t}");
-    assert_eq!(t["failed"]["reason"], "SourceRefused", "{t}");
-
-    // The store itself as a source: refused.
-    let store_source =
-        serde_json::json!({"objectStore": {"url": "s3://sealed-store/", "endpoint": moto.url}});
-    let (code, t) = sync_process(
-        store_args(store_source, &["--allow-http-sources"]),
-        store_env.clone(),
-    )
-    .await;
-    assert_eq!(code, 3, "{t}");
-    assert_eq!(t["failed"]["reason"], "SourceRefused", "{t}");
-
-    // The attacker's endpoint, no Secret: refused; the store's credentials go nowhere.
-    let hostile =
-        serde_json::json!({"objectStore": {"url": "s3://models/x", "endpoint": evil.url}});
-    let (code, t) = sync_process(
-        store_args(hostile, &["--allow-http-sources"]),
-        store_env.clone(),
-    )
-    .await;
-    assert_eq!(code, 3, "{t}");
-    assert_eq!(t["failed"]["reason"], "CredentialsRequired", "{t}");
-    assert!(evil.requests().is_empty(), "{:?}", evil.requests());
-
-    // Even a prefix allow-listed for ambient credentials is read with the process's own
-    // (AWS_*), never with the store's.
-    let allowed = format!("{}/models/", evil.url);
-    let listed = serde_json::json!({"objectStore": {"url": format!("{}/models/x", evil.url)}});
-    let mut env = store_env.clone();
-    env.push(("AWS_ACCESS_KEY_ID".into(), "AMBIENTKEYID".into()));
-    env.push(("AWS_SECRET_ACCESS_KEY".into(), "ambient-secret".into()));
-    let (code, t) = sync_process(
-        store_args(
-            listed,
-            &[
-                "--allow-http-sources",
-                "--ambient-credentials-source",
-                &allowed,
-            ],
-        ),
-        env,
-    )
-    .await;
-    assert_ne!(code, 0, "{t}");
-    let seen = evil.requests();
-    assert!(!seen.is_empty(), "the allow-listed source was not read");
-    assert!(seen.iter().all(|h| !h.contains(store_key)), "{seen:?}");
-    assert!(seen.iter().any(|h| h.contains("AMBIENTKEYID")), "{seen:?}");
-
-    // A store that cannot be opened: the termination message (tenant-visible) does not name it.
-    let dead = "http://127.0.0.1:9";
-    let mut args = store_args(
-        serde_json::json!({"objectStore": {"url": "s3://models/x"}}),
-        &[],
-    );
-    for (i, a) in args.clone().iter().enumerate() {
-        if a == &moto.url {
-            args[i] = dead.into();
-        }
-    }
-    let (code, t) = sync_process(args, store_env).await;
-    assert_eq!(code, 1, "{t}");
-    assert_eq!(t["failed"]["reason"], "StoreUnavailable", "{t}");
-    let message = t["failed"]["message"].as_str().unwrap_or_default();
-    assert!(
-        !message.contains("sealed-store") && !message.contains("127.0.0.1"),
-        "{message}"
-    );
 }

@@ -1,0 +1,52 @@
+//! What a sync reads, as plain data: a Hugging Face repository or an object-store prefix.
+//!
+//! These mirror the `SealedVolume` API's `spec.source` without its Kubernetes parts (the
+//! Secret references: the secrets themselves arrive as [`crate::SourceCredentials`]). The
+//! operator converts its API type into a [`SourceSpec`]; error messages name the API fields
+//! (`spec.source.huggingFace.endpoint`, ...) because that is where a tenant fixes them.
+
+/// The one source of a volume.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SourceSpec {
+    /// A Hugging Face Hub repository.
+    HuggingFace(HubRepo),
+    /// Objects under a prefix of a bucket or container.
+    ObjectStore(BucketPrefix),
+    /// Versions arrive from `sealed push`: nothing to sync.
+    Upload,
+}
+
+/// A Hugging Face Hub repository at a revision, with the files to take from it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HubRepo {
+    /// The repository id, `org/name` (or `name`).
+    pub repo: String,
+    /// Branch, tag or commit; a sync pins it to a commit.
+    pub revision: String,
+    pub repo_type: HubRepoType,
+    /// Glob patterns of files to sync; empty means every file.
+    pub include: Vec<String>,
+    /// Glob patterns of files to leave out; applied after include.
+    pub exclude: Vec<String>,
+    /// The Hub's URL; `None` means <https://huggingface.co>.
+    pub endpoint: Option<String>,
+}
+
+/// Kind of Hub repository.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HubRepoType {
+    #[default]
+    Model,
+    Dataset,
+}
+
+/// A prefix of a bucket or container: `s3://`, `gs://`, `az://`, an `https://` S3-compatible
+/// or Azure URL, or (with the operator's flag) `file://`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BucketPrefix {
+    pub url: String,
+    /// The S3-compatible API endpoint; `None` means the provider's default.
+    pub endpoint: Option<String>,
+    /// The region (S3); `None` means the provider's default.
+    pub region: Option<String>,
+}
