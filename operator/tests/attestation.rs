@@ -232,7 +232,7 @@ async fn only_operator_made_versions_are_attested_and_trashing_waits_for_nodes()
     store
         .object_store()
         .put(
-            &object_store::path::Path::from(format!("volumes/{ns}/grab/{}", private.hex())),
+            &sealed_store::layout::volume_record_key(&format!("{ns}/grab"), &private),
             PutPayload::from(serde_json::to_vec(&record).expect("json")),
         )
         .await

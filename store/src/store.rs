@@ -121,7 +121,11 @@ impl ChunkStore {
         Ok(store)
     }
 
-    fn connect(url: &str, opts: &StoreOptions) -> Result<Self> {
+    /// [`ChunkStore::open`] without the check: builds the client and asks the store
+    /// nothing, so it works while the store is down (its requests then fail within their
+    /// bounds). For a reader that must be served whenever the store comes back (the CSI
+    /// plugin's mounts); everything else should `open`.
+    pub fn connect(url: &str, opts: &StoreOptions) -> Result<Self> {
         // Bad options are refused here, before they can overflow a retry timeout.
         opts.validate()?;
         let bad = |reason: &str| Error::InvalidStoreUrl {
@@ -284,8 +288,10 @@ impl ChunkStore {
         self.request_bound
     }
 
-    /// Test-only: the backend, for tests that need raw access (they corrupt chunks through
-    /// it). Everything else goes through the methods of `ChunkStore`.
+    /// Test-only (the `test-util` feature): the backend, for tests that need raw access (they
+    /// corrupt chunks and forge records through it). Everything else goes through the methods
+    /// of `ChunkStore`, which name their keys by [`crate::layout`].
+    #[cfg(any(test, feature = "test-util"))]
     pub fn object_store(&self) -> &Arc<dyn ObjectStore> {
         &self.inner
     }

@@ -371,7 +371,7 @@ pub(super) async fn tenant(j: &Journey, v1: &Digest) -> Result<()> {
     j.store
         .object_store()
         .put(
-            &object_store::path::Path::from(format!("volumes/{a}/grab/{}", v1.hex())),
+            &sealed_store::layout::volume_record_key(&format!("{a}/grab"), v1),
             PutPayload::from(serde_json::to_vec(&record)?),
         )
         .await?;
