@@ -1,6 +1,7 @@
 //! Status conditions, in the Kubernetes convention (`metav1.Condition`).
 
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 /// `Synced`: the last sync of the source finished (`True`), is running or failed (`False`,
 /// with a reason such as `Syncing`, `RepoNotFound`, `Unauthorized`).
@@ -9,34 +10,23 @@ pub const CONDITION_SYNCED: &str = "Synced";
 /// names a version of this volume.
 pub const CONDITION_READY: &str = "Ready";
 
-/// The three values of a condition's `status`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ConditionStatus {
-    True,
-    False,
-    Unknown,
-}
-
-impl ConditionStatus {
-    /// The string the API uses: `True`, `False` or `Unknown`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::True => "True",
-            Self::False => "False",
-            Self::Unknown => "Unknown",
-        }
-    }
-}
-
-impl From<bool> for ConditionStatus {
-    fn from(b: bool) -> Self {
-        if b { Self::True } else { Self::False }
-    }
-}
-
-impl std::fmt::Display for ConditionStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+/// A condition of `type_` that holds (`ok`: status `True`) or not (`False`), for the object
+/// at `generation`, as of `at`. Every condition the operator writes is made here.
+pub fn new_condition(
+    type_: &str,
+    ok: bool,
+    reason: &str,
+    message: impl Into<String>,
+    generation: Option<i64>,
+    at: Time,
+) -> Condition {
+    Condition {
+        type_: type_.into(),
+        status: if ok { "True" } else { "False" }.into(),
+        reason: reason.into(),
+        message: message.into(),
+        observed_generation: generation,
+        last_transition_time: at,
     }
 }
 
@@ -70,7 +60,6 @@ pub fn set_condition(conditions: &mut Vec<Condition>, mut new: Condition) -> boo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn cond(status: &str, reason: &str, at: &str) -> Condition {
         Condition {
@@ -81,6 +70,30 @@ mod tests {
             observed_generation: Some(1),
             last_transition_time: serde_json::from_value(serde_json::json!(at)).unwrap(),
         }
+    }
+
+    #[test]
+    fn new_condition_says_true_or_false() {
+        let at: Time = serde_json::from_value(serde_json::json!("2026-01-01T00:00:00Z")).unwrap();
+        let c = new_condition(
+            CONDITION_SYNCED,
+            true,
+            "Synced",
+            "done",
+            Some(3),
+            at.clone(),
+        );
+        assert_eq!(
+            (c.type_.as_str(), c.status.as_str(), c.reason.as_str()),
+            ("Synced", "True", "Synced")
+        );
+        assert_eq!(
+            (c.message.as_str(), c.observed_generation),
+            ("done", Some(3))
+        );
+        assert_eq!(c.last_transition_time, at);
+        let c = new_condition(CONDITION_READY, false, "NoVersion", "none", None, at);
+        assert_eq!(c.status, "False");
     }
 
     #[test]

@@ -20,7 +20,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 
 pub use condition::{
-    CONDITION_READY, CONDITION_SYNCED, Condition, ConditionStatus, find_condition, set_condition,
+    CONDITION_READY, CONDITION_SYNCED, Condition, find_condition, new_condition, set_condition,
 };
 pub use validate::{InvalidSpec, is_digest, is_duration, is_tag_name};
 pub use version::{SealedVolumeVersion, SealedVolumeVersionSpec, SealedVolumeVersionStatus};

@@ -13,7 +13,7 @@ use sealed_crds::validate::{
     DurationError, MAX_DURATION, MAX_DURATION_TEXT, parse_duration_checked,
 };
 use sealed_crds::{
-    CONDITION_READY, Condition, SealedVolume, SealedVolumeVersion, VOLUME_LABEL, set_condition,
+    CONDITION_READY, SealedVolume, SealedVolumeVersion, VOLUME_LABEL, new_condition, set_condition,
 };
 use sealed_store::{Digest, Error as StoreError};
 use serde_json::json;
@@ -134,15 +134,15 @@ async fn apply(version: &SealedVolumeVersion, ctx: &Context) -> Result<Action> {
                 .count();
             set_condition(
                 &mut conditions,
-                Condition {
-                    type_: CONDITION_READY.into(),
-                    status: "True".into(),
-                    reason: "Sealed".into(),
-                    // Tenant-visible: "the store", never its URL.
-                    message: "manifest sealed in the store".into(),
-                    observed_generation: generation,
-                    last_transition_time: now.clone(),
-                },
+                // Tenant-visible: "the store", never its URL.
+                new_condition(
+                    CONDITION_READY,
+                    true,
+                    "Sealed",
+                    "manifest sealed in the store",
+                    generation,
+                    now.clone(),
+                ),
             );
             let patch = json!({
                 "apiVersion": sealed_crds::API_VERSION,
@@ -161,17 +161,17 @@ async fn apply(version: &SealedVolumeVersion, ctx: &Context) -> Result<Action> {
         Err(StoreError::UnknownVersion { .. }) => {
             set_condition(
                 &mut conditions,
-                Condition {
-                    type_: CONDITION_READY.into(),
-                    status: "False".into(),
-                    reason: "ManifestMissing".into(),
-                    message: format!(
+                new_condition(
+                    CONDITION_READY,
+                    false,
+                    "ManifestMissing",
+                    format!(
                         "the store has no manifest {digest}: push the directory with `sealed push --volume {namespace}/{} DIR`, or bring a deleted version back with `sealed restore {digest}`",
                         version.spec.volume
                     ),
-                    observed_generation: generation,
-                    last_transition_time: now,
-                },
+                    generation,
+                    now,
+                ),
             );
             let patch = json!({
                 "apiVersion": sealed_crds::API_VERSION,
@@ -250,14 +250,14 @@ async fn refuse_unattested(
     let mut conditions = status.conditions.clone();
     set_condition(
         &mut conditions,
-        Condition {
-            type_: CONDITION_READY.into(),
-            status: "False".into(),
-            reason: NOT_ATTESTED.into(),
-            message: message.clone(),
-            observed_generation: generation,
-            last_transition_time: now,
-        },
+        new_condition(
+            CONDITION_READY,
+            false,
+            NOT_ATTESTED,
+            message.clone(),
+            generation,
+            now,
+        ),
     );
     let patch = json!({
         "apiVersion": sealed_crds::API_VERSION,

@@ -13,7 +13,7 @@ use kube::{Api, Resource, ResourceExt};
 use sealed_crds::{
     CONDITION_READY, CONDITION_SYNCED, Condition, SealedVolume, SealedVolumeStatus,
     SealedVolumeVersion, SealedVolumeVersionSpec, SourceKind, SyncProgress, TagStatus,
-    VOLUME_LABEL, set_condition,
+    VOLUME_LABEL, new_condition, set_condition,
 };
 use serde_json::json;
 
@@ -62,6 +62,7 @@ fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
 }
 
+/// A condition as of now ([`new_condition`]).
 fn condition(
     type_: &str,
     ok: bool,
@@ -69,14 +70,7 @@ fn condition(
     message: impl Into<String>,
     generation: Option<i64>,
 ) -> Condition {
-    Condition {
-        type_: type_.into(),
-        status: if ok { "True" } else { "False" }.into(),
-        reason: reason.into(),
-        message: message.into(),
-        observed_generation: generation,
-        last_transition_time: now(),
-    }
+    new_condition(type_, ok, reason, message, generation, now())
 }
 
 async fn reconcile_inner(volume: &SealedVolume, ctx: &Context) -> Result<Action> {
