@@ -27,7 +27,7 @@ pub mod registration;
 pub mod server;
 pub mod state;
 pub mod state_dir;
-pub mod store_access;
+pub mod store_slot;
 pub mod targets;
 
 pub use error::CsiError;

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sealed_mount::{MountHandle, MountOptions, NodeCache};
-use sealed_store::{ChunkStore, Digest, StoreOptions};
+use sealed_store::{ChunkStore, Digest, Manifest, StoreOptions};
 use tokio::sync::Mutex;
 
 use crate::digest_locks::DigestLocks;
@@ -30,7 +30,7 @@ use crate::holder::FdHolder;
 use crate::manifest_cache::ManifestCache;
 use crate::metrics::Metrics;
 use crate::records::PublicationRecords;
-use crate::store_access::StoreSlot;
+use crate::store_slot::StoreSlot;
 use crate::targets::TargetRules;
 
 pub use publish::{Publish, VolumeStats};
@@ -144,6 +144,23 @@ impl Driver {
             .get()
             .await
             .map_err(|e| CsiError::from_store(&self.config.store_url, e))
+    }
+
+    /// The store a mount reads its chunks through, without waiting for the store (see
+    /// `store_slot`).
+    fn mount_store(&self) -> Result<ChunkStore, CsiError> {
+        self.store
+            .for_mount()
+            .map_err(|e| CsiError::from_store(&self.config.store_url, e))
+    }
+
+    /// The manifest in `bytes` (verified against `digest`: kept or fetched), refused when
+    /// it is over this node's per-mount caps before it is parsed.
+    fn parse_manifest(&self, digest: &Digest, bytes: &[u8]) -> Result<Manifest, CsiError> {
+        self.mount_options
+            .limits
+            .check_encoded(*digest, bytes.len() as u64)?;
+        Ok(Manifest::parse(bytes)?)
     }
 
     /// `InvalidArgument` unless `target` is a place kubelet publishes volumes to (under

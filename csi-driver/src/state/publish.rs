@@ -12,7 +12,6 @@ use crate::error::CsiError;
 use crate::manifest_cache;
 use crate::mounts;
 use crate::records::PublicationRecord;
-use crate::store_access::MountView;
 
 /// A validated publish request.
 #[derive(Clone, Debug)]
@@ -246,19 +245,23 @@ impl Driver {
             let _ = sealed_mount::unmount(&dir, true);
         }
         std::fs::create_dir_all(&dir).map_err(|e| CsiError::io("creating", &dir, e))?;
-        let store = MountView::chunk_store(*digest, manifest, self.store.clone());
-        let handle = MountHandle::spawn(
-            store,
-            *digest,
-            &dir,
-            self.cache.clone(),
-            self.mount_options.clone(),
-        )
-        .await;
-        handle.map_err(|e| {
+        let mounted = async {
+            let manifest = self.parse_manifest(digest, &manifest)?;
+            let store = self.mount_store()?;
+            let handle = MountHandle::spawn_with_manifest(
+                store,
+                *digest,
+                manifest,
+                &dir,
+                self.cache.clone(),
+                self.mount_options.clone(),
+            )
+            .await?;
+            Ok(handle)
+        };
+        mounted.await.inspect_err(|_| {
             let _ = std::fs::remove_dir(&dir);
             self.manifests.remove(digest);
-            CsiError::from(e)
         })
     }
 

@@ -25,7 +25,6 @@ use crate::holder::HeldMount;
 use crate::manifest_cache;
 use crate::mounts;
 use crate::state_dir::private_dir;
-use crate::store_access::MountView;
 
 /// What [`Driver::recover`] found.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -198,10 +197,21 @@ impl Driver {
             self.abandon(&digest, &key, &dir, Some(fd)).await;
             return;
         };
-        let store = MountView::chunk_store(digest, manifest, self.store.clone());
-        let resumed = MountHandle::resume(
+        let prepared = self
+            .parse_manifest(&digest, &manifest)
+            .and_then(|manifest| Ok((manifest, self.mount_store()?)));
+        let (manifest, store) = match prepared {
+            Ok(prepared) => prepared,
+            Err(e) => {
+                tracing::error!(%digest, error = %e, "cannot resume the mount");
+                self.abandon(&digest, &key, &dir, Some(fd)).await;
+                return;
+            }
+        };
+        let resumed = MountHandle::resume_with_manifest(
             store,
             digest,
+            manifest,
             fd,
             &dir,
             self.cache.clone(),
