@@ -10,8 +10,11 @@
 //! is verified against its BLAKE3 digest before it is cached or served; a corrupt or missing
 //! chunk is EIO, never wrong bytes.
 //!
-//! [`MountHandle::spawn`] mounts a version at a path in the background (the CLI's
-//! `sealed mount` and the CSI node plugin both use it) and [`MountHandle::unmount`] ends it.
+//! [`MountHandle::spawn`] fetches and verifies a version's manifest and mounts it at a path
+//! in the background (the CLI's `sealed mount`); [`MountHandle::spawn_with_manifest`] does
+//! the same from a manifest the caller verified (the CSI node plugin keeps one per version),
+//! and `resume` / `resume_with_manifest` serve a mount another process made.
+//! [`MountHandle::unmount`] ends it.
 
 mod breaker;
 mod cache;
