@@ -234,9 +234,8 @@ async fn run(
     }
     report.trash_scanned = records.len().max(trash_manifests.len()) as u64;
     for digest in records {
-        // Absent or unreadable records never expire.
         let Some(record) = crate::trash::read_record(store, &digest).await? else {
-            continue; // unreadable: keep its manifest (marked below)
+            continue; // absent or unreadable: it never expires, its manifest is marked below
         };
         if !record.expired_at(start) {
             continue;
