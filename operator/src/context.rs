@@ -11,8 +11,7 @@ use sealed_store::ChunkStore;
 use crate::config::OperatorConfig;
 use crate::guard::PanicBackoff;
 use crate::metrics::Metrics;
-use crate::sync::inline::InlineExecutor;
-use crate::sync::job::JobExecutor;
+use crate::sync::Executor;
 
 /// The name the operator uses as field manager and event reporter.
 pub const MANAGER: &str = "sealed-operator";
@@ -23,17 +22,12 @@ pub struct Context {
     pub store: ChunkStore,
     pub metrics: Arc<Metrics>,
     pub recorder: Recorder,
-    pub executor: Executor,
+    /// Where syncs run.
+    pub executor: Box<dyn Executor>,
     /// Attests the versions the operator makes (`crate::attestation`).
     pub attestation: AttestationKey,
     /// Panics in a row per object, for their requeue (`crate::guard`).
     pub panics: PanicBackoff,
-}
-
-/// Where syncs run (see [`crate::config::SyncExecutor`]).
-pub enum Executor {
-    Inline(InlineExecutor),
-    Job(Box<JobExecutor>),
 }
 
 impl Context {
@@ -42,7 +36,7 @@ impl Context {
         config: OperatorConfig,
         store: ChunkStore,
         metrics: Arc<Metrics>,
-        executor: Executor,
+        executor: Box<dyn Executor>,
         attestation: AttestationKey,
     ) -> Self {
         let instance = std::env::var("POD_NAME").ok();

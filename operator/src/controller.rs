@@ -15,8 +15,9 @@ use sealed_crds::{SealedVolume, SealedVolumeVersion};
 use sealed_store::ChunkStore;
 
 use crate::config::{OperatorConfig, SyncExecutor};
-use crate::context::{Context, Executor};
+use crate::context::Context;
 use crate::metrics::Metrics;
+use crate::sync::Executor;
 use crate::sync::inline::InlineExecutor;
 use crate::sync::job::{JobExecutor, LABEL_VOLUME_NAME, LABEL_VOLUME_NAMESPACE};
 use crate::{gc_loop, guard, version, volume};
@@ -28,13 +29,9 @@ pub async fn run(
     store: ChunkStore,
     metrics: Arc<Metrics>,
 ) -> anyhow::Result<()> {
-    let executor = match config.executor {
-        SyncExecutor::Inline => {
-            Executor::Inline(InlineExecutor::new(store.clone(), metrics.clone()))
-        }
-        SyncExecutor::Job => {
-            Executor::Job(Box::new(JobExecutor::new(client.clone(), config.clone())))
-        }
+    let executor: Box<dyn Executor> = match config.executor {
+        SyncExecutor::Inline => Box::new(InlineExecutor::new(store.clone(), metrics.clone())),
+        SyncExecutor::Job => Box::new(JobExecutor::new(client.clone(), config.clone())),
     };
     let attestation =
         crate::attestation::ensure_key(&client, &config.namespace, &config.attestation_secret)

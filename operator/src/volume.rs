@@ -17,9 +17,11 @@ use sealed_crds::{
 };
 use serde_json::json;
 
-use crate::context::{Context, Executor, MANAGER};
+use crate::context::{Context, MANAGER};
 use crate::error::{Error, Result};
-use crate::sync::{SyncFailure, SyncOutcome, SyncRequest, SyncState, credentials};
+use crate::sync::{
+    CountersSnapshot, SyncFailure, SyncOutcome, SyncRequest, SyncState, credentials, human_bytes,
+};
 
 /// Field manager of the sync outcome fields the volume controller writes on a version.
 const SYNC_MANAGER: &str = "sealed-operator-sync";
@@ -78,9 +80,7 @@ async fn reconcile_inner(volume: &SealedVolume, ctx: &Context) -> Result<Action>
     let name = volume.name_any();
     if volume.metadata.deletion_timestamp.is_some() {
         // Its versions go with it (owner references); a running sync is pointless now.
-        if let Executor::Inline(inline) = &ctx.executor {
-            inline.forget(&namespace, &name);
-        }
+        ctx.executor.forget(&namespace, &name);
         return Ok(Action::await_change());
     }
     let generation = volume.metadata.generation;
@@ -141,6 +141,31 @@ async fn reconcile_inner(volume: &SealedVolume, ctx: &Context) -> Result<Action>
     Ok(Action::requeue(requeue))
 }
 
+/// What the reconciler does about the sync the volume's trigger asks for, decided from the
+/// status alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SyncStep {
+    /// The sync of this trigger is recorded as finished.
+    Done,
+    /// The sync of this trigger was started (or waits for its Secret): ask the executor.
+    Follow,
+    /// No sync of this trigger is recorded: start one.
+    Start,
+}
+
+fn next_step(sync: Option<&SyncProgress>, trigger: &str) -> SyncStep {
+    match sync {
+        Some(s) if s.trigger.as_deref() == Some(trigger) => {
+            if s.finished_at.is_some() {
+                SyncStep::Done
+            } else {
+                SyncStep::Follow
+            }
+        }
+        _ => SyncStep::Start,
+    }
+}
+
 /// Starts, follows and concludes the sync the volume's current trigger asks for. Returns
 /// how soon to look again while it runs.
 async fn drive_sync(
@@ -148,209 +173,269 @@ async fn drive_sync(
     ctx: &Context,
     status: &mut SealedVolumeStatus,
 ) -> Result<Option<Duration>> {
-    let namespace = volume.namespace().unwrap_or_default();
-    let name = volume.name_any();
-    let generation = volume.metadata.generation;
     let request = SyncRequest {
-        namespace: namespace.clone(),
-        name: name.clone(),
+        namespace: volume.namespace().unwrap_or_default(),
+        name: volume.name_any(),
         source: volume.spec.source.clone(),
         trigger: volume.sync_trigger(),
         policy: ctx.config.source_policy.clone(),
     };
-    let reference = volume.object_ref(&());
-    let current = status.sync.as_ref().and_then(|s| s.trigger.clone());
-    let poll = match ctx.executor {
-        Executor::Inline(_) => Duration::from_secs(2),
-        Executor::Job(_) => Duration::from_secs(15),
-    };
-    let finished = status
-        .sync
-        .as_ref()
-        .is_some_and(|s| s.finished_at.is_some());
-    if current.as_deref() == Some(request.trigger.as_str()) && finished {
-        return Ok(None);
-    }
-    let state = if current.as_deref() == Some(request.trigger.as_str()) {
-        match &ctx.executor {
-            Executor::Inline(inline) => inline.state(&namespace, &name, &request.trigger),
-            Executor::Job(jobs) => jobs.state(&request).await?,
-        }
-    } else {
-        SyncState::Unknown
+    let state = match next_step(status.sync.as_ref(), &request.trigger) {
+        SyncStep::Done => return Ok(None),
+        SyncStep::Follow => ctx.executor.state(&request).await?,
+        SyncStep::Start => SyncState::Unknown,
     };
     match state {
-        SyncState::Unknown => {
-            // The source policy first (a refused source starts no Job and reads no Secret),
-            // then the credentials.
-            let prepared = credentials::prepare(
-                &ctx.client,
-                &namespace,
-                &volume.spec.source,
-                &request.policy,
-            );
-            let credentials = match prepared.await {
-                Ok(c) => c,
-                Err(failure) => {
-                    // The sync waits (not started, not finished): a Secret created or
-                    // labelled later, or an operator restarted with other flags, is picked up
-                    // by the next look, without a hot loop, and `sealed sync` sees this
-                    // trigger's reason. The Event is recorded once per trigger and reason.
-                    let waiting = format!("waiting: {}", failure.reason);
-                    let repeated = status.sync.as_ref().is_some_and(|s| {
-                        s.trigger.as_deref() == Some(request.trigger.as_str())
-                            && s.progress.as_deref() == Some(waiting.as_str())
-                    });
-                    status.sync = Some(SyncProgress {
-                        trigger: Some(request.trigger.clone()),
-                        progress: Some(waiting),
-                        ..Default::default()
-                    });
-                    record_failure(status, &failure, generation);
-                    if !repeated {
-                        ctx.event(
-                            &reference,
-                            true,
-                            &failure.reason,
-                            "Sync",
-                            failure.message.clone(),
-                        )
-                        .await;
-                    }
-                    return Ok(Some(Duration::from_secs(30)));
-                }
-            };
-            let job = match &ctx.executor {
-                Executor::Inline(inline) => {
-                    inline.start(request.clone(), credentials);
-                    None
-                }
-                Executor::Job(jobs) => Some(jobs.start(&request, &credentials).await?),
-            };
-            // The same trigger again: a sync lost to a restart (or waiting for its Secret).
-            let restarted = current.as_deref() == Some(request.trigger.as_str())
-                && status.sync.as_ref().is_some_and(|s| s.started_at.is_some());
-            let started_at = if restarted {
-                status.sync.as_ref().and_then(|s| s.started_at.clone())
-            } else {
-                Some(now())
-            };
-            status.sync = Some(SyncProgress {
-                trigger: Some(request.trigger.clone()),
-                job: job.clone(),
-                started_at,
-                progress: Some("starting".into()),
-                ..Default::default()
-            });
+        SyncState::Unknown => start_sync(volume, ctx, status, &request).await,
+        SyncState::Running { job, progress } => {
+            record_running(status, job, progress);
+            Ok(Some(ctx.executor.poll_interval()))
+        }
+        SyncState::Finished { job, result } => {
+            ctx.executor.forget(&request.namespace, &request.name);
+            conclude_sync(volume, ctx, status, job, result).await?;
+            Ok(None)
+        }
+    }
+}
+
+/// Checks the source and reads its credentials, then starts the sync; a sync that cannot
+/// start yet waits (and is looked at again in 30 s).
+async fn start_sync(
+    volume: &SealedVolume,
+    ctx: &Context,
+    status: &mut SealedVolumeStatus,
+    request: &SyncRequest,
+) -> Result<Option<Duration>> {
+    let generation = volume.metadata.generation;
+    let reference = volume.object_ref(&());
+    // The source policy first (a refused source starts no Job and reads no Secret), then
+    // the credentials.
+    let prepared = credentials::prepare(
+        &ctx.client,
+        &request.namespace,
+        &volume.spec.source,
+        &request.policy,
+    );
+    let credentials = match prepared.await {
+        Ok(c) => c,
+        Err(failure) => {
+            if record_waiting(status, &request.trigger, &failure, generation) {
+                ctx.event(
+                    &reference,
+                    true,
+                    &failure.reason,
+                    "Sync",
+                    failure.message.clone(),
+                )
+                .await;
+            }
+            return Ok(Some(Duration::from_secs(30)));
+        }
+    };
+    let job = ctx.executor.start(request, credentials).await?;
+    let summary = volume.spec.source.summary();
+    let restarted = record_started(status, &request.trigger, job.clone(), &summary, generation);
+    if !restarted {
+        ctx.metrics.syncs_started.inc();
+        let place = match &job {
+            Some(j) => format!(" in Job {}/{j}", ctx.config.namespace),
+            None => String::new(),
+        };
+        ctx.event(
+            &reference,
+            false,
+            "SyncStarted",
+            "Sync",
+            format!("syncing {summary}{place}"),
+        )
+        .await;
+    }
+    Ok(Some(ctx.executor.poll_interval()))
+}
+
+/// Records a finished sync: its version (on success), status, metrics and Event.
+async fn conclude_sync(
+    volume: &SealedVolume,
+    ctx: &Context,
+    status: &mut SealedVolumeStatus,
+    job: Option<String>,
+    result: std::result::Result<SyncOutcome, SyncFailure>,
+) -> Result<()> {
+    let generation = volume.metadata.generation;
+    let reference = volume.object_ref(&());
+    let summary = volume.spec.source.summary();
+    record_finished(status, job, &result, &summary, generation);
+    match result {
+        Ok(outcome) => {
+            let version = record_version(volume, ctx, &outcome).await?;
+            ctx.metrics
+                .syncs_finished
+                .with_label_values(&["Succeeded"])
+                .inc();
+            ctx.metrics.sync_bytes_new.inc_by(outcome.bytes_new);
+            ctx.metrics.sync_bytes_reused.inc_by(outcome.bytes_reused);
+            ctx.event(
+                &reference,
+                false,
+                "SyncSucceeded",
+                "Sync",
+                format!("{}; version {version}", synced_message(&summary, &outcome)),
+            )
+            .await;
+        }
+        Err(failure) => {
+            ctx.metrics
+                .syncs_finished
+                .with_label_values(&[failure.reason.as_str()])
+                .inc();
+            ctx.event(
+                &reference,
+                true,
+                "SyncFailed",
+                "Sync",
+                format!("{}: {}", failure.reason, failure.message),
+            )
+            .await;
+        }
+    }
+    Ok(())
+}
+
+/// The sync of `trigger` cannot start (`failure`): it waits, neither started nor finished,
+/// so a Secret created or labelled later, or an operator restarted with other flags, is
+/// picked up by the next look without a hot loop, and `sealed sync` sees this trigger's
+/// reason. Returns false when it already waited for the same reason (its Event is recorded
+/// once per trigger and reason).
+fn record_waiting(
+    status: &mut SealedVolumeStatus,
+    trigger: &str,
+    failure: &SyncFailure,
+    generation: Option<i64>,
+) -> bool {
+    let waiting = format!("waiting: {}", failure.reason);
+    let repeated = status.sync.as_ref().is_some_and(|s| {
+        s.trigger.as_deref() == Some(trigger) && s.progress.as_deref() == Some(waiting.as_str())
+    });
+    status.sync = Some(SyncProgress {
+        trigger: Some(trigger.to_owned()),
+        progress: Some(waiting),
+        ..Default::default()
+    });
+    record_failure(status, failure, generation);
+    !repeated
+}
+
+/// The sync of `trigger` started (in `job`, if it runs in one). Returns true when this
+/// trigger's sync had started before (one lost to an operator restart): it keeps its start
+/// time and is not counted again.
+fn record_started(
+    status: &mut SealedVolumeStatus,
+    trigger: &str,
+    job: Option<String>,
+    summary: &str,
+    generation: Option<i64>,
+) -> bool {
+    let before = status
+        .sync
+        .as_ref()
+        .filter(|s| s.trigger.as_deref() == Some(trigger));
+    let restarted = before.is_some_and(|s| s.started_at.is_some());
+    let started_at = if restarted {
+        before.and_then(|s| s.started_at.clone())
+    } else {
+        Some(now())
+    };
+    status.sync = Some(SyncProgress {
+        trigger: Some(trigger.to_owned()),
+        job,
+        started_at,
+        progress: Some("starting".into()),
+        ..Default::default()
+    });
+    set_condition(
+        &mut status.conditions,
+        condition(
+            CONDITION_SYNCED,
+            false,
+            "Syncing",
+            format!("syncing {summary}"),
+            generation,
+        ),
+    );
+    restarted
+}
+
+/// A running sync's Job and progress.
+fn record_running(
+    status: &mut SealedVolumeStatus,
+    job: Option<String>,
+    progress: Option<CountersSnapshot>,
+) {
+    let sync = status.sync.get_or_insert_with(Default::default);
+    sync.job = job.or(sync.job.take());
+    if let Some(p) = progress {
+        sync.bytes_done = status_count(p.bytes_done);
+        sync.bytes_total = status_count(p.bytes_total);
+        sync.files_done = status_count(p.files_done);
+        sync.files_total = status_count(p.files_total);
+        sync.progress = Some(p.describe());
+    } else {
+        sync.progress = Some("running".into());
+    }
+}
+
+/// A finished sync's numbers and `Synced` condition.
+fn record_finished(
+    status: &mut SealedVolumeStatus,
+    job: Option<String>,
+    result: &std::result::Result<SyncOutcome, SyncFailure>,
+    summary: &str,
+    generation: Option<i64>,
+) {
+    let sync = status.sync.get_or_insert_with(Default::default);
+    sync.job = job.or(sync.job.take());
+    sync.finished_at = Some(now());
+    match result {
+        Ok(outcome) => {
+            sync.revision = outcome_revision(outcome);
+            sync.digest = Some(outcome.digest.to_string());
+            sync.bytes_done = status_count(outcome.bytes);
+            sync.bytes_total = status_count(outcome.bytes);
+            sync.files_done = status_count(outcome.files);
+            sync.files_total = status_count(outcome.files);
+            sync.progress = Some(format!(
+                "done: {} ({} new, {} reused)",
+                human_bytes(outcome.bytes),
+                human_bytes(outcome.bytes_new),
+                human_bytes(outcome.bytes_reused)
+            ));
             set_condition(
                 &mut status.conditions,
                 condition(
                     CONDITION_SYNCED,
-                    false,
-                    "Syncing",
-                    format!("syncing {}", volume.spec.source.summary()),
+                    true,
+                    "Synced",
+                    synced_message(summary, outcome),
                     generation,
                 ),
             );
-            if !restarted {
-                ctx.metrics.syncs_started.inc();
-                let place = match &job {
-                    Some(j) => format!(" in Job {}/{j}", ctx.config.namespace),
-                    None => String::new(),
-                };
-                ctx.event(
-                    &reference,
-                    false,
-                    "SyncStarted",
-                    "Sync",
-                    format!("syncing {}{place}", volume.spec.source.summary()),
-                )
-                .await;
-            }
-            Ok(Some(poll))
         }
-        SyncState::Running { job, progress } => {
-            let sync = status.sync.get_or_insert_with(Default::default);
-            sync.job = job.or(sync.job.take());
-            if let Some(p) = progress {
-                sync.bytes_done = status_count(p.bytes_done);
-                sync.bytes_total = status_count(p.bytes_total);
-                sync.files_done = status_count(p.files_done);
-                sync.files_total = status_count(p.files_total);
-                sync.progress = Some(p.describe());
-            } else {
-                sync.progress = Some("running".into());
-            }
-            Ok(Some(poll))
-        }
-        SyncState::Finished { job, result } => {
-            if let Executor::Inline(inline) = &ctx.executor {
-                inline.forget(&namespace, &name);
-            }
-            let sync = status.sync.get_or_insert_with(Default::default);
-            sync.job = job.or(sync.job.take());
-            sync.finished_at = Some(now());
-            match result {
-                Ok(outcome) => {
-                    sync.revision = outcome_revision(&outcome);
-                    sync.digest = Some(outcome.digest.to_string());
-                    sync.bytes_done = status_count(outcome.bytes);
-                    sync.bytes_total = status_count(outcome.bytes);
-                    sync.files_done = status_count(outcome.files);
-                    sync.files_total = status_count(outcome.files);
-                    sync.progress = Some(format!(
-                        "done: {} ({} new, {} reused)",
-                        crate::sync::human_bytes(outcome.bytes),
-                        crate::sync::human_bytes(outcome.bytes_new),
-                        crate::sync::human_bytes(outcome.bytes_reused)
-                    ));
-                    let version = record_version(volume, ctx, &outcome).await?;
-                    ctx.metrics
-                        .syncs_finished
-                        .with_label_values(&["Succeeded"])
-                        .inc();
-                    ctx.metrics.sync_bytes_new.inc_by(outcome.bytes_new);
-                    ctx.metrics.sync_bytes_reused.inc_by(outcome.bytes_reused);
-                    let message = format!(
-                        "sealed {} as {} ({} uploaded, {} reused)",
-                        volume.spec.source.summary(),
-                        outcome.digest,
-                        crate::sync::human_bytes(outcome.bytes_new),
-                        crate::sync::human_bytes(outcome.bytes_reused)
-                    );
-                    set_condition(
-                        &mut status.conditions,
-                        condition(CONDITION_SYNCED, true, "Synced", &message, generation),
-                    );
-                    ctx.event(
-                        &reference,
-                        false,
-                        "SyncSucceeded",
-                        "Sync",
-                        format!("{message}; version {version}"),
-                    )
-                    .await;
-                }
-                Err(failure) => {
-                    sync.progress = Some(format!("failed: {}", failure.reason));
-                    ctx.metrics
-                        .syncs_finished
-                        .with_label_values(&[failure.reason.as_str()])
-                        .inc();
-                    record_failure(status, &failure, generation);
-                    ctx.event(
-                        &reference,
-                        true,
-                        "SyncFailed",
-                        "Sync",
-                        format!("{}: {}", failure.reason, failure.message),
-                    )
-                    .await;
-                }
-            }
-            Ok(None)
+        Err(failure) => {
+            sync.progress = Some(format!("failed: {}", failure.reason));
+            record_failure(status, failure, generation);
         }
     }
+}
+
+/// "sealed SOURCE as DIGEST (N uploaded, M reused)": the `Synced` message and the Event's.
+fn synced_message(summary: &str, outcome: &SyncOutcome) -> String {
+    format!(
+        "sealed {summary} as {} ({} uploaded, {} reused)",
+        outcome.digest,
+        human_bytes(outcome.bytes_new),
+        human_bytes(outcome.bytes_reused)
+    )
 }
 
 /// `Synced=False` with the failure's reason and message.
@@ -627,6 +712,186 @@ async fn write_status(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const T: &str = "generation=2,resync=";
+
+    fn failure() -> SyncFailure {
+        SyncFailure::new("SecretNotFound", "Secret ml/hf does not exist")
+    }
+
+    fn synced(status: &SealedVolumeStatus) -> &Condition {
+        sealed_crds::find_condition(&status.conditions, CONDITION_SYNCED).expect("Synced")
+    }
+
+    fn outcome() -> SyncOutcome {
+        SyncOutcome {
+            digest: sealed_store::Digest::of(b"v"),
+            source_revision: "0123abc".into(),
+            files: 3,
+            bytes: 3 << 30,
+            chunks: 7,
+            bytes_new: 1 << 30,
+            bytes_reused: 2 << 30,
+        }
+    }
+
+    #[test]
+    fn the_step_follows_from_the_recorded_trigger() {
+        assert_eq!(next_step(None, T), SyncStep::Start);
+        let mut sync = SyncProgress {
+            trigger: Some("generation=1,resync=".into()),
+            finished_at: Some(now()),
+            ..Default::default()
+        };
+        // A new trigger starts a sync, whatever the old one did.
+        assert_eq!(next_step(Some(&sync), T), SyncStep::Start);
+        sync.trigger = Some(T.into());
+        assert_eq!(next_step(Some(&sync), T), SyncStep::Done);
+        sync.finished_at = None;
+        assert_eq!(next_step(Some(&sync), T), SyncStep::Follow);
+    }
+
+    #[test]
+    fn a_waiting_sync_tells_once_per_reason() {
+        let mut status = SealedVolumeStatus::default();
+        assert!(record_waiting(&mut status, T, &failure(), Some(2)));
+        let sync = status.sync.as_ref().unwrap();
+        assert_eq!(sync.progress.as_deref(), Some("waiting: SecretNotFound"));
+        assert!(sync.started_at.is_none() && sync.finished_at.is_none());
+        assert_eq!(synced(&status).status, "False");
+        assert_eq!(synced(&status).reason, "SecretNotFound");
+        assert_eq!(synced(&status).observed_generation, Some(2));
+        // The same reason again: no second Event; another reason or trigger: one more.
+        assert!(!record_waiting(&mut status, T, &failure(), Some(2)));
+        let other = SyncFailure::new("SecretNotOptedIn", "label it");
+        assert!(record_waiting(&mut status, T, &other, Some(2)));
+        assert!(record_waiting(
+            &mut status,
+            "generation=3,resync=",
+            &other,
+            Some(3)
+        ));
+    }
+
+    #[test]
+    fn a_restarted_sync_keeps_its_start() {
+        let mut status = SealedVolumeStatus::default();
+        assert!(!record_started(
+            &mut status,
+            T,
+            Some("sync-a".into()),
+            "hf://acme/llm",
+            Some(2)
+        ));
+        let first = status.sync.clone().unwrap();
+        assert_eq!(first.job.as_deref(), Some("sync-a"));
+        assert_eq!(first.progress.as_deref(), Some("starting"));
+        assert!(first.started_at.is_some());
+        assert_eq!(synced(&status).reason, "Syncing");
+        assert_eq!(synced(&status).message, "syncing hf://acme/llm");
+        // The same trigger again (lost to a restart): the start time stays.
+        let mut earlier = first.clone();
+        earlier.started_at = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        status.sync = Some(earlier.clone());
+        assert!(record_started(
+            &mut status,
+            T,
+            None,
+            "hf://acme/llm",
+            Some(2)
+        ));
+        assert_eq!(status.sync.as_ref().unwrap().started_at, earlier.started_at);
+        // After waiting for a Secret (never started): a new start.
+        record_waiting(&mut status, T, &failure(), Some(2));
+        assert!(!record_started(
+            &mut status,
+            T,
+            None,
+            "hf://acme/llm",
+            Some(2)
+        ));
+        // A new trigger: a new start.
+        status.sync = Some(earlier);
+        assert!(!record_started(
+            &mut status,
+            "generation=3,resync=",
+            None,
+            "x",
+            Some(3)
+        ));
+        assert_ne!(
+            status.sync.as_ref().unwrap().started_at,
+            Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH))
+        );
+    }
+
+    #[test]
+    fn a_running_sync_shows_its_progress() {
+        let mut status = SealedVolumeStatus::default();
+        record_started(&mut status, T, Some("sync-a".into()), "x", Some(2));
+        record_running(&mut status, None, None);
+        let sync = status.sync.as_ref().unwrap();
+        assert_eq!(sync.job.as_deref(), Some("sync-a"), "the Job is kept");
+        assert_eq!(sync.progress.as_deref(), Some("running"));
+        let progress = CountersSnapshot {
+            bytes_done: 3 << 30,
+            bytes_total: 6 << 30,
+            files_done: 4,
+            files_total: 9,
+        };
+        record_running(&mut status, Some("sync-b".into()), Some(progress));
+        let sync = status.sync.as_ref().unwrap();
+        assert_eq!(sync.job.as_deref(), Some("sync-b"));
+        assert_eq!((sync.bytes_done, sync.bytes_total), (3 << 30, 6 << 30));
+        assert_eq!((sync.files_done, sync.files_total), (4, 9));
+        assert_eq!(sync.progress.as_deref(), Some(progress.describe().as_str()));
+    }
+
+    #[test]
+    fn a_finished_sync_records_its_outcome() {
+        let mut status = SealedVolumeStatus::default();
+        record_started(&mut status, T, None, "hf://acme/llm", Some(2));
+        let outcome = outcome();
+        record_finished(
+            &mut status,
+            Some("sync-a".into()),
+            &Ok(outcome.clone()),
+            "hf://acme/llm",
+            Some(2),
+        );
+        let sync = status.sync.as_ref().unwrap();
+        assert!(sync.finished_at.is_some());
+        assert_eq!(sync.digest, Some(outcome.digest.to_string()));
+        assert_eq!(sync.revision.as_deref(), Some("0123abc"));
+        assert_eq!((sync.bytes_done, sync.bytes_total), (3 << 30, 3 << 30));
+        assert_eq!((sync.files_done, sync.files_total), (3, 3));
+        assert_eq!(
+            sync.progress.as_deref(),
+            Some("done: 3.0 GiB (1.0 GiB new, 2.0 GiB reused)")
+        );
+        let c = synced(&status);
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "Synced"));
+        assert_eq!(
+            c.message,
+            format!(
+                "sealed hf://acme/llm as {} (1.0 GiB uploaded, 2.0 GiB reused)",
+                outcome.digest
+            )
+        );
+
+        let mut status = SealedVolumeStatus::default();
+        record_finished(&mut status, None, &Err(failure()), "x", Some(2));
+        assert_eq!(
+            status.sync.as_ref().unwrap().progress.as_deref(),
+            Some("failed: SecretNotFound")
+        );
+        assert_eq!(synced(&status).status, "False");
+        assert_eq!(synced(&status).message, "Secret ml/hf does not exist");
+        // An outcome without a revision (an older Job's) records none.
+        let mut old = outcome;
+        old.source_revision.clear();
+        assert_eq!(outcome_revision(&old), None);
+    }
 
     #[test]
     fn status_counts_never_go_negative() {

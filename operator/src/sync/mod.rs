@@ -4,6 +4,7 @@
 //! learns the outcome (shared memory, or the Job pod's termination message).
 
 pub mod credentials;
+pub mod executor;
 pub mod failure;
 pub mod inline;
 pub mod job;
@@ -16,6 +17,7 @@ use sealed_sources::{SyncOptions, SyncProgress, sync_source};
 use serde::{Deserialize, Serialize};
 
 pub use credentials::Credentials;
+pub use executor::Executor;
 pub use sealed_sources::{SourcePolicy, SyncOutcome};
 
 /// One sync to run: which volume, from what, why (the trigger), and under which policy.
