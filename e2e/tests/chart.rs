@@ -23,6 +23,9 @@ const CHART: &str = "charts/sealed-volumes";
 const GPU_LABEL: &str = "nvidia.com/gpu.product";
 /// `store.url` has no default (the chart fails without it); every rendering sets one.
 const STORE: &str = "store.url=s3://models/sealed";
+/// The Kubernetes version offline renders assume (the test cluster's, hack/tools/k8s/go.mod):
+/// a source build of helm defaults to 1.20, below the chart's `kubeVersion`.
+const KUBE_VERSION: &str = "1.34.4";
 
 fn root() -> PathBuf {
     sealed_e2e::repo_root()
@@ -133,8 +136,14 @@ fn find_helm() -> std::result::Result<PathBuf, String> {
 
 /// Runs helm with `args`; Ok((stdout, stderr)) on success, Err with both otherwise.
 fn run_helm(helm: &Path, args: &[&str]) -> std::result::Result<String, String> {
+    let offline = args.first() == Some(&"template") || args.contains(&"--dry-run=client");
     let out = Command::new(helm)
         .args(args)
+        .args(if offline {
+            &["--kube-version", KUBE_VERSION][..]
+        } else {
+            &[]
+        })
         .current_dir(root())
         .output()
         .map_err(|e| format!("cannot run {}: {e}", helm.display()))?;
@@ -929,6 +938,15 @@ fn bad_values_fail_with_the_field_named() {
             &["--set", "image.pullPolicy=Sometimes"],
             "/image/pullPolicy",
         ),
+        (
+            &["--set", "operator.image.digest=latest"],
+            "/operator/image/digest",
+        ),
+        (&["--set", "logging.format=xml"], "/logging/format"),
+        (
+            &["--set-json", r#"commonLabels={"team":1}"#],
+            "/commonLabels/team",
+        ),
     ];
     for (bad, field) in cases {
         let mut args = vec!["template", "sv", CHART, "--set", STORE];
@@ -1032,5 +1050,201 @@ fn the_binaries_accept_the_flags_the_chart_passes() -> Result<()> {
         std::io::stderr(),
         "the_binaries_accept_the_flags_the_chart_passes: {checked} flag sets checked"
     );
+    Ok(())
+}
+
+#[test]
+fn images_labels_logging_and_disruption_follow_the_values() -> Result<()> {
+    let Some(helm) = helm("images_labels_logging_and_disruption_follow_the_values") else {
+        return Ok(());
+    };
+    let digest = format!("sha256:{}", "a".repeat(64));
+    let pin = format!("operator.image.digest={digest}");
+    let docs = render(
+        &helm,
+        &[
+            "commonLabels.team=ml",
+            "operator.podLabels.tier=control",
+            "node.podLabels.tier=node",
+            &pin,
+            "operator.image.repository=ghcr.io/org/op",
+            "node.image.repository=ghcr.io/org/csi",
+            "node.image.tag=1.2.3",
+            "logging.level=debug",
+            "logging.format=json",
+            "operator.podDisruptionBudget.enabled=true",
+            r#"json:operator.topologySpreadConstraints=[{"maxSkew":1,"topologyKey":"topology.kubernetes.io/zone","whenUnsatisfiable":"ScheduleAnyway"}]"#,
+            r#"json:operator.podSecurityContext={"runAsUser":null,"runAsGroup":null,"fsGroup":null}"#,
+        ],
+    )?;
+    // commonLabels on every object the chart makes.
+    for doc in &docs {
+        assert_eq!(
+            doc["metadata"]["labels"]["team"], "ml",
+            "{} {} lacks commonLabels",
+            doc["kind"], doc["metadata"]["name"]
+        );
+    }
+    let deploy: Deployment = one(&docs, "Deployment")?;
+    let template = deploy.spec.context("spec")?.template;
+    let labels = template.metadata.and_then(|m| m.labels).unwrap_or_default();
+    assert_eq!(labels.get("tier").map(String::as_str), Some("control"));
+    let spec = template.spec.context("pod spec")?;
+    let operator = &spec.containers[0];
+    assert_eq!(
+        operator.image.as_deref(),
+        Some(format!("ghcr.io/org/op@{digest}").as_str()),
+        "a digest pins the image, over any tag"
+    );
+    let env = |c: &Container, name: &str| {
+        c.env
+            .iter()
+            .flatten()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value.clone())
+    };
+    assert_eq!(env(operator, "SEALED_LOG").as_deref(), Some("debug"));
+    assert_eq!(env(operator, "SEALED_LOG_JSON").as_deref(), Some("true"));
+    // The pod security context is the value given (OpenShift assigns the UID itself).
+    let psc = spec
+        .security_context
+        .clone()
+        .context("pod securityContext")?;
+    assert_eq!(psc.run_as_non_root, Some(true));
+    assert_eq!(psc.run_as_user, None, "{psc:?}");
+    let spread = spec
+        .topology_spread_constraints
+        .clone()
+        .context("topologySpreadConstraints")?;
+    let selector = spread[0]
+        .label_selector
+        .as_ref()
+        .and_then(|s| s.match_labels.clone())
+        .unwrap_or_default();
+    assert_eq!(
+        selector
+            .get("app.kubernetes.io/component")
+            .map(String::as_str),
+        Some("operator"),
+        "a constraint without a selector spreads the operator's own pods"
+    );
+    let pdb = of_kind(&docs, "PodDisruptionBudget");
+    assert_eq!(pdb.len(), 1);
+    assert_eq!(pdb[0]["spec"]["minAvailable"], 1);
+    assert_eq!(
+        pdb[0]["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"],
+        "operator"
+    );
+
+    for (ds, name) in [
+        (daemonset(&docs)?, "plugin"),
+        (holder_daemonset(&docs)?, "fd-holder"),
+    ] {
+        let labels = ds
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.metadata.as_ref())
+            .and_then(|m| m.labels.clone())
+            .unwrap_or_default();
+        assert_eq!(
+            labels.get("tier").map(String::as_str),
+            Some("node"),
+            "{name}"
+        );
+        let c = container(pod_spec(&ds), name);
+        assert_eq!(c.image.as_deref(), Some("ghcr.io/org/csi:1.2.3"), "{name}");
+        assert_eq!(env(c, "SEALED_LOG").as_deref(), Some("debug"), "{name}");
+        assert_eq!(env(c, "SEALED_LOG_JSON").as_deref(), Some("true"), "{name}");
+    }
+
+    // Defaults: no PDB, text logs, the restricted security context.
+    let docs = render(&helm, &[])?;
+    assert!(of_kind(&docs, "PodDisruptionBudget").is_empty());
+    let deploy: Deployment = one(&docs, "Deployment")?;
+    let spec = deploy.spec.context("spec")?.template.spec.context("pod")?;
+    assert_eq!(
+        env(&spec.containers[0], "SEALED_LOG_JSON").as_deref(),
+        Some("false")
+    );
+    let psc = spec.security_context.context("pod securityContext")?;
+    assert_eq!(psc.run_as_user, Some(65532));
+    Ok(())
+}
+
+/// The chart used as a subchart: a parent passes `global` values and its own values under
+/// the subchart's name; the schema must allow `global`.
+#[test]
+fn it_renders_as_a_subchart() -> Result<()> {
+    let Some(helm) = helm("it_renders_as_a_subchart") else {
+        return Ok(());
+    };
+    let parent = tempfile::tempdir()?;
+    std::fs::write(
+        parent.path().join("Chart.yaml"),
+        "apiVersion: v2\nname: platform\nversion: 1.0.0\ndependencies:\n  - name: sealed-volumes\n    version: 0.1.0\n",
+    )?;
+    let charts = parent.path().join("charts");
+    std::fs::create_dir_all(&charts)?;
+    copy_dir(&chart(), &charts.join("sealed-volumes"))?;
+    let dir = parent.path().to_string_lossy().into_owned();
+    let yaml = run_helm(
+        &helm,
+        &[
+            "template",
+            "p",
+            &dir,
+            "--set",
+            "global.imageRegistry=registry.example",
+            "--set",
+            "sealed-volumes.store.url=s3://bucket/models",
+        ],
+    )
+    .map_err(anyhow::Error::msg)?;
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&yaml)?;
+    let docs: Vec<Value> = docs.into_iter().filter(|d| d.is_object()).collect();
+    let deploy: Deployment = one(&docs, "Deployment")?;
+    let c = deploy
+        .spec
+        .context("spec")?
+        .template
+        .spec
+        .context("pod")?
+        .containers[0]
+        .clone();
+    assert_eq!(flag(&c, "--store").as_deref(), Some("s3://bucket/models"));
+    Ok(())
+}
+
+/// `helm install --dry-run` prints NOTES.txt: it warns while the images are the local
+/// placeholders, and not once a registry is set.
+#[test]
+fn notes_warn_about_local_placeholder_images() -> Result<()> {
+    let Some(helm) = helm("notes_warn_about_local_placeholder_images") else {
+        return Ok(());
+    };
+    let notes = |sets: &[&str]| -> Result<String> {
+        let mut args = vec!["install", "sv", CHART, "--dry-run=client", "--set", STORE];
+        for s in sets {
+            args.extend(["--set", s]);
+        }
+        run_helm(&helm, &args).map_err(anyhow::Error::msg)
+    };
+    assert!(notes(&[])?.contains("WARNING: the images are the local placeholders"));
+    let release = notes(&["image.repository=ghcr.io/sealed-volumes"])?;
+    assert!(!release.contains("WARNING"), "{release}");
+    Ok(())
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), target)?;
+        }
+    }
     Ok(())
 }

@@ -24,6 +24,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: sealed-volumes
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{/* Selector labels of one component: (dict "ctx" $ "component" "operator"). */}}
@@ -37,12 +40,38 @@ app.kubernetes.io/component: {{ .component }}
 {{- default .Chart.AppVersion .Values.image.tag }}
 {{- end }}
 
+{{/* One component's image: (dict "ctx" $ "name" "sealed-operator" "image" .Values.operator.image).
+     Its own repository (a full repository) or <image.repository>/<name>; its own tag, or
+     image.tag, or the appVersion; a digest, when given, pins it (repository@digest). */}}
+{{- define "sealed-volumes.image" -}}
+{{- $own := .image | default dict }}
+{{- $repository := $own.repository | default (printf "%s/%s" (trimSuffix "/" .ctx.Values.image.repository) .name) }}
+{{- if $own.digest }}
+{{- printf "%s@%s" $repository $own.digest }}
+{{- else }}
+{{- printf "%s:%s" $repository ($own.tag | default (include "sealed-volumes.tag" .ctx)) }}
+{{- end }}
+{{- end }}
+
 {{- define "sealed-volumes.operatorImage" -}}
-{{- printf "%s/sealed-operator:%s" (trimSuffix "/" .Values.image.repository) (include "sealed-volumes.tag" .) }}
+{{- include "sealed-volumes.image" (dict "ctx" . "name" "sealed-operator" "image" .Values.operator.image) }}
 {{- end }}
 
 {{- define "sealed-volumes.csiImage" -}}
-{{- printf "%s/sealed-csi:%s" (trimSuffix "/" .Values.image.repository) (include "sealed-volumes.tag" .) }}
+{{- include "sealed-volumes.image" (dict "ctx" . "name" "sealed-csi" "image" .Values.node.image) }}
+{{- end }}
+
+{{/* Whether an image is the local placeholder (hack/images.sh), not a release. */}}
+{{- define "sealed-volumes.localImages" -}}
+{{- if or (hasPrefix "sealed.local/" (include "sealed-volumes.operatorImage" .)) (hasPrefix "sealed.local/" (include "sealed-volumes.csiImage" .)) }}true{{ end }}
+{{- end }}
+
+{{/* SEALED_LOG and SEALED_LOG_JSON, read by every binary (logging.level, logging.format). */}}
+{{- define "sealed-volumes.logEnv" -}}
+- name: SEALED_LOG
+  value: {{ .Values.logging.level | quote }}
+- name: SEALED_LOG_JSON
+  value: {{ eq .Values.logging.format "json" | quote }}
 {{- end }}
 
 {{- define "sealed-volumes.operatorServiceAccount" -}}
