@@ -13,9 +13,6 @@ pub enum Error {
     #[error("{object}: {message}")]
     Invalid { object: String, message: String },
 
-    #[error("sync Job {job}: {message}")]
-    Job { job: String, message: String },
-
     /// Not an error of anyone's: the thing waits (a version still mounted somewhere).
     #[error("{object}: {message}")]
     InUse { object: String, message: String },

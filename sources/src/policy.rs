@@ -34,8 +34,6 @@ pub const ALLOW_HTTP_FLAG: &str = "--allow-http-sources";
 /// `sealed-operator run|sync` flag (repeatable): a URL prefix that may be read with the
 /// process's own credentials.
 pub const AMBIENT_FLAG: &str = "--ambient-credentials-source";
-/// The environment form of [`AMBIENT_FLAG`], comma-separated.
-pub const AMBIENT_ENV: &str = "SEALED_AMBIENT_CREDENTIALS_SOURCES";
 
 /// What sources may be read, and how. `Default` is the strictest policy (no store to compare
 /// with, though: the operator always sets [`store_url`](Self::store_url)).
