@@ -1215,22 +1215,51 @@ fn it_renders_as_a_subchart() -> Result<()> {
     Ok(())
 }
 
-/// `helm install --dry-run` prints NOTES.txt: it warns while the images are the local
-/// placeholders, and not once a registry is set.
+/// NOTES.txt warns while the images are the local placeholders, and not once a registry is
+/// set. `helm template` skips NOTES.txt (and `helm install --dry-run` has no `--kube-version`
+/// for the source-built helm), so a copy of the chart has it as a named template rendered
+/// into a ConfigMap by helm's own engine.
 #[test]
 fn notes_warn_about_local_placeholder_images() -> Result<()> {
     let Some(helm) = helm("notes_warn_about_local_placeholder_images") else {
         return Ok(());
     };
+    let copy = tempfile::tempdir()?;
+    let copy_chart = copy.path().join("sealed-volumes");
+    copy_dir(&chart(), &copy_chart)?;
+    // NOTES.txt verbatim as a named template, rendered into a ConfigMap.
+    let notes_txt = copy_chart.join("templates/NOTES.txt");
+    let text = std::fs::read_to_string(&notes_txt)?;
+    std::fs::remove_file(&notes_txt)?;
+    std::fs::write(
+        copy_chart.join("templates/notes-rendered.yaml"),
+        format!(
+            "{{{{- define \"test.notes\" }}}}{text}{{{{- end }}}}\napiVersion: v1\nkind: ConfigMap\n\
+             metadata:\n  name: notes\ndata:\n  notes: {{{{ include \"test.notes\" . | quote }}}}\n"
+        ),
+    )?;
+    let dir = copy_chart.to_string_lossy().into_owned();
     let notes = |sets: &[&str]| -> Result<String> {
-        let mut args = vec!["install", "sv", CHART, "--dry-run=client", "--set", STORE];
+        let mut args = vec!["template", "sv", dir.as_str(), "--set", STORE];
+        args.extend(["--show-only", "templates/notes-rendered.yaml"]);
         for s in sets {
             args.extend(["--set", s]);
         }
-        run_helm(&helm, &args).map_err(anyhow::Error::msg)
+        let yaml = run_helm(&helm, &args).map_err(anyhow::Error::msg)?;
+        let doc: Value = serde_saphyr::from_str(&yaml)?;
+        doc["data"]["notes"]
+            .as_str()
+            .map(str::to_owned)
+            .context("no notes in the rendered ConfigMap")
     };
-    assert!(notes(&[])?.contains("WARNING: the images are the local placeholders"));
+    let local = notes(&[])?;
+    assert!(local.contains("Sealed Volumes"), "{local}");
+    assert!(
+        local.contains("WARNING: the images are the local placeholders"),
+        "{local}"
+    );
     let release = notes(&["image.repository=ghcr.io/sealed-volumes"])?;
+    assert!(release.contains("Sealed Volumes"), "{release}");
     assert!(!release.contains("WARNING"), "{release}");
     Ok(())
 }
