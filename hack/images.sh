@@ -14,7 +14,7 @@
 #                       with their glibc and the host's CA certificates; imported if the cluster runs.
 #                       Env: SEALED_IMAGE_TAG (dev), SEALED_OPERATOR_BIN, SEALED_CSI_BIN (default
 #                       $CARGO_TARGET_DIR/debug/<name>, else target/debug/<name>). Build them first:
-#                       cargo build -p sealed-operator -p sealed-csi
+#                       cargo build -p sealed-operator -p sealed-csi -p sealed-fd-holder
 #   hack/images.sh rootfs NAME:TAG DIR [ENTRYPOINT ARG...]   a directory as the image's root
 #   hack/images.sh import ARCHIVE...                 import docker-archive tarballs
 #   hack/images.sh pause-name | busybox-name         print the base image names
@@ -178,7 +178,7 @@ cmd_sealed() {
     if [[ $c == csi ]]; then
       # The fd holder (restart safety) ships in the plugin's image; it links the same libc.
       local holder=${SEALED_FD_HOLDER_BIN:-$(dirname "$bin")/sealed-fd-holder}
-      [[ -f $holder ]] || die "no $holder: run 'cargo build -p sealed-csi' first (or set SEALED_FD_HOLDER_BIN)"
+      [[ -f $holder ]] || die "no $holder: run 'cargo build -p sealed-fd-holder' first (or set SEALED_FD_HOLDER_BIN)"
       extra+=("$holder:/sealed-fd-holder")
     fi
     cmd_binary "sealed.local/sealed-$c:$tag" "$bin" "$ca:$ca" "${extra[@]}"
