@@ -23,8 +23,9 @@ impl DigestLocks {
         self.lock_of(digest).lock_owned().await
     }
 
-    /// The lock of `digest` if nobody holds it now.
-    pub fn try_lock(&self, digest: Digest) -> Option<DigestGuard> {
+    /// The lock of `digest` if nobody holds it now (for tests of the lock's semantics).
+    #[cfg(test)]
+    fn try_lock(&self, digest: Digest) -> Option<DigestGuard> {
         self.lock_of(digest).try_lock_owned().ok()
     }
 
