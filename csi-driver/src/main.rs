@@ -159,7 +159,11 @@ fn plugin_config(args: Args) -> PluginConfig {
         })
     };
     let store_options = args.store.options();
-    let timeout = store_options.timeout;
+    // The mounts' retries are the store flags' (`FetchPolicy::for_store`), plus the breaker.
+    let fetch = FetchPolicy {
+        breaker_open: Duration::from_secs(args.breaker_open),
+        ..FetchPolicy::for_store(&store_options)
+    };
     let driver = DriverConfig {
         node_id: args.node_id,
         state_dir: args.state_dir,
@@ -178,12 +182,7 @@ fn plugin_config(args: Args) -> PluginConfig {
         disk_dir: Some(args.cache_dir),
         disk_bytes: args.cache_size,
         memory_bytes: args.memory,
-        fetch: FetchPolicy {
-            attempt_timeout: timeout,
-            retries: args.store.store_retries,
-            breaker_open: Duration::from_secs(args.breaker_open),
-            ..FetchPolicy::default()
-        },
+        fetch,
         ..NodeCacheOptions::default()
     };
     let mount = MountOptions {
