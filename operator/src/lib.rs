@@ -8,7 +8,6 @@ pub mod controller;
 pub mod error;
 pub mod gc_loop;
 pub mod guard;
-pub mod http;
 pub mod metrics;
 pub mod publications;
 pub mod source_spec;

@@ -12,9 +12,11 @@ use sealed_operator::config::{OperatorConfig, SyncExecutor, SyncResources};
 use sealed_operator::sync::failure::hide_store;
 use sealed_operator::sync::job::EXIT_PERMANENT;
 use sealed_operator::sync::{Counters, Credentials, SyncFailure, SyncRequest, Termination};
-use sealed_operator::{controller, http, metrics::Metrics};
+use sealed_operator::{controller, metrics::Metrics};
+use sealed_service::http::{self, Switch};
+use sealed_service::store_args::StoreArgs;
 use sealed_sources::SourcePolicy;
-use sealed_store::{ChunkStore, StoreOptions};
+use sealed_store::ChunkStore;
 
 #[derive(Parser)]
 #[command(name = "sealed-operator", version, about = "Sealed Volumes operator")]
@@ -34,33 +36,11 @@ enum Command {
     Sync(SyncArgs),
 }
 
-#[derive(Args)]
-struct StoreArgs {
-    /// Store URL: s3://bucket/prefix, gs://bucket/prefix, az://container/prefix, file:///dir
-    #[arg(long, env = "SEALED_STORE")]
-    store: String,
-    /// Endpoint of an S3-compatible server (MinIO, R2, CoreWeave) or an Azure emulator
-    #[arg(long, env = "SEALED_STORE_ENDPOINT")]
-    store_endpoint: Option<String>,
-    /// Region of the store's bucket
-    #[arg(long, env = "SEALED_STORE_REGION")]
-    store_region: Option<String>,
-}
-
-impl StoreArgs {
-    fn options(&self) -> StoreOptions {
-        StoreOptions {
-            endpoint: self.store_endpoint.clone().filter(|s| !s.is_empty()),
-            region: self.store_region.clone().filter(|s| !s.is_empty()),
-            ..Default::default()
-        }
-    }
-
-    async fn open(&self) -> anyhow::Result<ChunkStore> {
-        ChunkStore::open(&self.store, &self.options())
-            .await
-            .with_context(|| format!("cannot open store {}", self.store))
-    }
+/// Opens the store the flags name, with the URL in the error.
+async fn open_store(args: &StoreArgs) -> anyhow::Result<ChunkStore> {
+    ChunkStore::open(&args.store, &args.options())
+        .await
+        .with_context(|| format!("cannot open store {}", args.store))
 }
 
 /// What tenants' sources may be (see `sealed_sources::policy` and docs/sources.md).
@@ -217,25 +197,10 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     })
 }
 
-fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colours only on a terminal: container logs and files stay plain, greppable text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
-
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_json);
+    sealed_service::logging::init("info", cli.log_json);
     let result = match cli.command {
         Command::Run(args) => run(*args).await.map(|()| 0),
         Command::Sync(args) => sync(args).await,
@@ -256,7 +221,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         );
     }
     let source_policy = args.policy.policy(&args.store)?;
-    let store = args.store.open().await?;
+    let store = open_store(&args.store).await?;
     let config = OperatorConfig {
         store_url: args.store.store.clone(),
         store_options: args.store.options(),
@@ -282,8 +247,14 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         .await
         .context("cannot reach the Kubernetes API server (in-cluster config or KUBECONFIG)")?;
     let metrics = Arc::new(Metrics::new());
-    let health = http::Health::default();
-    http::serve(args.metrics_addr, metrics.clone(), health.clone()).await?;
+    let health = Arc::new(Switch::new("controllers not running"));
+    let listener = http::bind(args.metrics_addr).await?;
+    tokio::spawn(http::serve(
+        listener,
+        metrics.clone(),
+        health.clone(),
+        std::future::pending(),
+    ));
 
     if args.leader_elect {
         let identity = std::env::var("POD_NAME")
@@ -359,7 +330,7 @@ async fn sync(args: SyncArgs) -> anyhow::Result<u8> {
             }
         })
     };
-    let result = match args.store.open().await {
+    let result = match open_store(&args.store).await {
         Ok(store) => sealed_operator::sync::run(&store, &request, &credentials, counters).await,
         Err(e) => {
             // The details name the store: this Job's log (in the operator's namespace) has

@@ -110,6 +110,12 @@ impl Metrics {
     }
 }
 
+impl sealed_service::http::RenderMetrics for Metrics {
+    fn render(&self) -> String {
+        Metrics::render(self)
+    }
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()

@@ -60,7 +60,7 @@ fn start(kubeconfig: &std::path::Path, ns: &str, store: &str, identity: &str) ->
         .args(["--gc-interval", "0"])
         .env("KUBECONFIG", kubeconfig)
         .env("POD_NAME", identity)
-        .env("RUST_LOG", "warn")
+        .env("SEALED_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()

@@ -234,7 +234,7 @@ fn job_spec(
         command: Some(vec!["sealed-operator".into()]),
         args: Some(args),
         env: Some(vec![EnvVar {
-            name: "RUST_LOG".into(),
+            name: sealed_service::logging::LOG_ENV.into(),
             value: Some("info".into()),
             ..Default::default()
         }]),
