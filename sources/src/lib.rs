@@ -10,6 +10,12 @@
 //! the `sealed-operator sync` Job calls it too. Errors are [`SourceError`]s whose
 //! [`reason`](SourceError::reason) is a CamelCase condition reason and whose message never holds
 //! a secret. See `docs/sources.md`.
+//!
+//! Kubernetes-free: the operator converts its API type into a [`SourceSpec`] and these
+//! errors into conditions. Modules: [`spec`] (what to read), [`policy`] (what may be read,
+//! and with whose credentials), [`credentials`] (the secrets, and their form in a sync Job's
+//! environment), [`huggingface`] and [`bucket`] (the two readers), [`limits`] (how much a
+//! source may send); this file holds the sync itself, its options, outcome and progress.
 
 pub mod bucket;
 pub mod credentials;
