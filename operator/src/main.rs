@@ -33,7 +33,7 @@ enum Command {
     /// Run the controllers (SealedVolume, SealedVolumeVersion, garbage collection)
     Run(Box<RunArgs>),
     /// Sync one volume's source into the store and report the digest (run by sync Jobs)
-    Sync(SyncArgs),
+    Sync(Box<SyncArgs>),
 }
 
 /// Opens the store the flags name, with the URL in the error.
@@ -203,7 +203,7 @@ async fn main() -> std::process::ExitCode {
     sealed_service::logging::init("info", cli.log_json);
     let result = match cli.command {
         Command::Run(args) => run(*args).await.map(|()| 0),
-        Command::Sync(args) => sync(args).await,
+        Command::Sync(args) => sync(*args).await,
     };
     match result {
         Ok(code) => std::process::ExitCode::from(code),
