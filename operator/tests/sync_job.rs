@@ -2,13 +2,15 @@
 //! store and nowhere else, the policy is checked again in the Job, and a store that cannot be
 //! opened is not named in the (tenant-visible) termination message.
 
-#[path = "../../sources/tests/support/fixtures.rs"]
-mod fixtures;
 mod support;
 
 use std::fs;
+use std::sync::Arc;
 
-use fixtures::{attacker, model_tree, push_digest};
+use sealed_store::push::{PushOptions, push};
+use sealed_store::{ChunkStore, NoProgress};
+
+use support::{attacker, model_tree};
 
 /// `sealed-operator sync` as a sync Job runs it, with a clean environment.
 async fn sync_process(args: Vec<String>, env: Vec<(String, String)>) -> (i32, serde_json::Value) {
@@ -86,9 +88,17 @@ async fn sync_job_keeps_the_store_credentials_to_the_store() {
     )
     .await;
     assert_eq!(code, 0, "{t}");
+    let pushed = push(
+        &ChunkStore::memory(),
+        &data,
+        &PushOptions::default(),
+        Arc::new(NoProgress),
+    )
+    .await
+    .expect("push the same tree");
     assert_eq!(
         t["succeeded"]["digest"].as_str(),
-        Some(push_digest(&data).await.to_string().as_str()),
+        Some(pushed.digest.to_string().as_str()),
         "{t}"
     );
 

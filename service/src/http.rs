@@ -105,7 +105,10 @@ pub async fn serve(
 
 async fn render_metrics(State(endpoints): State<Endpoints>) -> Response {
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         endpoints.metrics.render(),
     )
         .into_response()
@@ -116,7 +119,11 @@ async fn healthz(State(endpoints): State<Endpoints>) -> Response {
         Ok(text) => (StatusCode::OK, format!("{text}\n")).into_response(),
         Err(why) => {
             tracing::warn!(%why, "healthz: unhealthy");
-            (StatusCode::SERVICE_UNAVAILABLE, format!("unhealthy: {why}\n")).into_response()
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("unhealthy: {why}\n"),
+            )
+                .into_response()
         }
     }
 }
@@ -126,7 +133,11 @@ async fn get_only() -> Response {
 }
 
 async fn not_found() -> Response {
-    (StatusCode::NOT_FOUND, "not found: try /metrics or /healthz\n").into_response()
+    (
+        StatusCode::NOT_FOUND,
+        "not found: try /metrics or /healthz\n",
+    )
+        .into_response()
 }
 
 #[cfg(test)]
@@ -152,7 +163,9 @@ mod tests {
 
     #[tokio::test]
     async fn routes_health_metrics_and_the_rest() {
-        let listener = bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
+        let listener = bind("127.0.0.1:0".parse().expect("addr"))
+            .await
+            .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let health = Arc::new(Switch::new("controllers not running"));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -162,10 +175,16 @@ mod tests {
 
         let down = request(addr, "GET", "/healthz").await;
         assert!(down.starts_with("HTTP/1.1 503"), "{down}");
-        assert!(down.ends_with("unhealthy: controllers not running\n"), "{down}");
+        assert!(
+            down.ends_with("unhealthy: controllers not running\n"),
+            "{down}"
+        );
         health.set(true);
         let up = request(addr, "GET", "/healthz").await;
-        assert!(up.starts_with("HTTP/1.1 200") && up.ends_with("\r\n\r\nok\n"), "{up}");
+        assert!(
+            up.starts_with("HTTP/1.1 200") && up.ends_with("\r\n\r\nok\n"),
+            "{up}"
+        );
 
         let metrics = request(addr, "GET", "/metrics").await;
         assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
@@ -173,7 +192,10 @@ mod tests {
         assert!(metrics.ends_with("sealed_test_total 7\n"), "{metrics}");
 
         let post = request(addr, "POST", "/metrics").await;
-        assert!(post.starts_with("HTTP/1.1 405") && post.ends_with("GET only\n"), "{post}");
+        assert!(
+            post.starts_with("HTTP/1.1 405") && post.ends_with("GET only\n"),
+            "{post}"
+        );
         let other = request(addr, "GET", "/nope").await;
         assert!(other.starts_with("HTTP/1.1 404"), "{other}");
 
@@ -183,7 +205,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_taken_address_is_an_error_naming_it() {
-        let taken = bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
+        let taken = bind("127.0.0.1:0".parse().expect("addr"))
+            .await
+            .expect("bind");
         let addr = taken.local_addr().expect("addr");
         let err = bind(addr).await.expect_err("taken");
         assert!(err.to_string().contains(&addr.to_string()), "{err}");

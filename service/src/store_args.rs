@@ -110,6 +110,9 @@ mod tests {
         assert!(parse("--store-timeout=0").contains("1..=86400"));
         assert!(parse("--store-retries=101").contains("0..=100"));
         let e = parse("--store-endpoint=127.0.0.1:9");
-        assert!(e.contains("--store-endpoint 127.0.0.1:9 has no scheme"), "{e}");
+        assert!(
+            e.contains("--store-endpoint 127.0.0.1:9 has no scheme"),
+            "{e}"
+        );
     }
 }

@@ -2,8 +2,9 @@
 //! (npm). A missing tool skips the test, or fails it under SEALED_REQUIRE_SERVERS=1 (as
 //! .ci/run sets).
 
+use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -155,4 +156,43 @@ pub fn start_azurite(container: &str) -> Option<Server> {
         url,
         _dir: Some(dir),
     })
+}
+
+/// hack/hub-server.py serving the repositories under `root` (ROOT/<org>/<name>/), with
+/// `page_size` tree entries per page.
+pub fn start_hub(root: &Path, page_size: usize) -> Option<Hub> {
+    if missing("python3", "install Python 3") {
+        return None;
+    }
+    let mut child = Command::new("python3")
+        .arg(repo_root().join("hack/hub-server.py"))
+        .arg("--root")
+        .arg(root)
+        .args(["--port", "0", "--page-size", &page_size.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line.trim().to_owned();
+    assert!(url.starts_with("http://"), "hub-server printed {url:?}");
+    let port = url.rsplit(':').next().unwrap().parse().unwrap();
+    Some(Hub { child, port, url })
+}
+
+/// A running hack/hub-server.py, killed when dropped.
+pub struct Hub {
+    child: Child,
+    pub port: u16,
+    pub url: String,
+}
+
+impl Drop for Hub {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

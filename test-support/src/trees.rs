@@ -83,3 +83,25 @@ pub fn assert_same_tree(a: &Path, b: &Path) {
     };
     assert_eq!(list(a), list(b));
 }
+
+/// A model-shaped tree: nested directories, an empty file, a file over 8 MiB, one shorter than
+/// the minimum chunk, JSON. (Sources carry no empty directories, symlinks or modes.)
+pub fn model_tree(root: &Path) {
+    fs::create_dir_all(root.join("weights")).unwrap();
+    fs::create_dir_all(root.join("sub/dir")).unwrap();
+    fs::write(root.join("config.json"), b"{\"hidden\": 4096}\n").unwrap();
+    fs::write(root.join("tokenizer.json"), pseudo_random(300 << 10, 3)).unwrap();
+    fs::write(root.join("empty.txt"), b"").unwrap();
+    fs::write(root.join("tiny.bin"), pseudo_random(1000, 4)).unwrap();
+    fs::write(
+        root.join("weights/model-00001.safetensors"),
+        pseudo_random(9 << 20, 1),
+    )
+    .unwrap();
+    fs::write(
+        root.join("weights/model-00002.safetensors"),
+        pseudo_random(2 << 20, 2),
+    )
+    .unwrap();
+    fs::write(root.join("sub/dir/deep.txt"), b"deep\n").unwrap();
+}

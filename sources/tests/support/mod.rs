@@ -1,55 +1,27 @@
-//! Servers the source tests run against, on loopback ports: the Hub stand-in
-//! (hack/hub-server.py) here; moto's S3 server, Azurite and the deterministic test data from
-//! the sealed-test-support crate. A missing tool skips the
-//! test, or fails it under SEALED_REQUIRE_SERVERS=1.
+//! What the source tests share: the servers, trees and hand-made HTTP servers of
+//! sealed-test-support (moto, Azurite, the Hub stand-in hack/hub-server.py; a missing tool
+//! skips the test, or fails it under SEALED_REQUIRE_SERVERS=1), and the digest `sealed push`
+//! gives a tree.
 #![allow(dead_code)]
+
+use std::path::Path;
+use std::sync::Arc;
 
 #[allow(unused_imports)]
 pub use sealed_test_support::*;
 
-// Shared with the operator's sync Job test (operator/tests/sync_job.rs).
-pub mod fixtures;
-#[allow(unused_imports)]
-pub use fixtures::*;
+use sealed_store::push::{PushOptions, push};
+use sealed_store::{ChunkStore, Digest, NoProgress};
 
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-/// hack/hub-server.py serving the repositories under `root` (ROOT/<org>/<name>/), with
-/// `page_size` tree entries per page.
-pub fn start_hub(root: &Path, page_size: usize) -> Option<Hub> {
-    if missing("python3", "install Python 3") {
-        return None;
-    }
-    let mut child = Command::new("python3")
-        .arg(repo_root().join("hack/hub-server.py"))
-        .arg("--root")
-        .arg(root)
-        .args(["--port", "0", "--page-size", &page_size.to_string()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line.trim().to_owned();
-    assert!(url.starts_with("http://"), "hub-server printed {url:?}");
-    let port = url.rsplit(':').next().unwrap().parse().unwrap();
-    Some(Hub { child, port, url })
-}
-
-/// A running hack/hub-server.py, killed when dropped.
-pub struct Hub {
-    child: Child,
-    pub port: u16,
-    pub url: String,
-}
-
-impl Drop for Hub {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The digest `sealed push` gives `dir` (into a memory store).
+pub async fn push_digest(dir: &Path) -> Digest {
+    push(
+        &ChunkStore::memory(),
+        dir,
+        &PushOptions::default(),
+        Arc::new(NoProgress),
+    )
+    .await
+    .unwrap()
+    .digest
 }

@@ -1,51 +1,9 @@
-//! Test fixtures of the source tests that the operator's sync Job test (operator/tests/
-//! sync_job.rs) uses too, shared as a source file: a model-shaped tree and its `sealed push`
-//! digest, and loopback HTTP servers that record what reaches them.
-#![allow(dead_code)]
+//! Hand-made HTTP/1.1 servers for tests: whole responses, request heads, and a loopback
+//! [`Recorder`] that keeps what it was sent (an attacker's endpoint, a hostile stand-in).
 
-use std::fs;
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use sealed_store::push::{PushOptions, push};
-use sealed_store::{ChunkStore, Digest, NoProgress};
 use tokio::io::AsyncWriteExt;
-
-use crate::support::pseudo_random;
-
-/// A model-shaped tree: nested directories, an empty file, a file over 8 MiB, one shorter than
-/// the minimum chunk, JSON. (Sources carry no empty directories, symlinks or modes.)
-pub fn model_tree(root: &Path) {
-    fs::create_dir_all(root.join("weights")).unwrap();
-    fs::create_dir_all(root.join("sub/dir")).unwrap();
-    fs::write(root.join("config.json"), b"{\"hidden\": 4096}\n").unwrap();
-    fs::write(root.join("tokenizer.json"), pseudo_random(300 << 10, 3)).unwrap();
-    fs::write(root.join("empty.txt"), b"").unwrap();
-    fs::write(root.join("tiny.bin"), pseudo_random(1000, 4)).unwrap();
-    fs::write(
-        root.join("weights/model-00001.safetensors"),
-        pseudo_random(9 << 20, 1),
-    )
-    .unwrap();
-    fs::write(
-        root.join("weights/model-00002.safetensors"),
-        pseudo_random(2 << 20, 2),
-    )
-    .unwrap();
-    fs::write(root.join("sub/dir/deep.txt"), b"deep\n").unwrap();
-}
-
-pub async fn push_digest(dir: &Path) -> Digest {
-    push(
-        &ChunkStore::memory(),
-        dir,
-        &PushOptions::default(),
-        Arc::new(NoProgress),
-    )
-    .await
-    .unwrap()
-    .digest
-}
 
 /// A whole HTTP/1.1 response with a Content-Length, for the hand-made servers of the tests.
 pub fn http_response(status: &str, headers: &[(&str, String)], body: &[u8]) -> Vec<u8> {
