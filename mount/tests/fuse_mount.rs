@@ -251,8 +251,7 @@ fn unreachable_store_is_eio_after_the_timeout_and_unmount_still_works() {
     }
     let rt = runtime();
     let fx = rt.block_on(fixture());
-    let faulty = FaultyStore::wrap(fx.store.object_store().clone());
-    let store = ChunkStore::from_object_store(faulty.clone(), "faulty");
+    let (faulty, store) = faulty(&fx.store);
     let policy = FetchPolicy {
         attempt_timeout: Duration::from_millis(500),
         retries: 1,
@@ -261,11 +260,7 @@ fn unreachable_store_is_eio_after_the_timeout_and_unmount_still_works() {
         // breaker's tests are in store_faults.rs).
         breaker_open: Duration::ZERO,
     };
-    let cache = NodeCache::new(&NodeCacheOptions {
-        fetch: policy,
-        ..Default::default()
-    })
-    .unwrap();
+    let cache = cache_with(policy);
     let mnt = tempfile::tempdir().unwrap();
     let handle = rt
         .block_on(MountHandle::spawn(
@@ -478,19 +473,14 @@ fn spawn_retries_a_failing_manifest_fetch_by_the_fetch_policy() {
     }
     let rt = runtime();
     let fx = rt.block_on(fixture());
-    let faulty = FaultyStore::wrap(fx.store.object_store().clone());
-    let store = ChunkStore::from_object_store(faulty.clone(), "faulty");
+    let (faulty, store) = faulty(&fx.store);
     let policy = FetchPolicy {
         attempt_timeout: Duration::from_secs(5),
         retries: 2,
         backoff: Duration::from_millis(10),
         breaker_open: Duration::ZERO,
     };
-    let cache = NodeCache::new(&NodeCacheOptions {
-        fetch: policy,
-        ..Default::default()
-    })
-    .unwrap();
+    let cache = cache_with(policy);
 
     // Two failures: the third and last attempt mounts.
     faulty.fail_manifest_gets(2);

@@ -139,8 +139,7 @@ async fn listings_modes_and_symlinks_match_the_source() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_readers_fetch_each_chunk_once() {
     let fx = fixture().await;
-    let faulty = FaultyStore::wrap(fx.store.object_store().clone());
-    let store = ChunkStore::from_object_store(faulty.clone(), "faulty");
+    let (faulty, store) = faulty(&fx.store);
     let cache = NodeCache::new(&NodeCacheOptions::default()).unwrap();
     let fs = open_fs(&store, fx.digest, &cache).await;
     let ino = resolve(&fs, "weights/model-00001.bin");
@@ -207,8 +206,7 @@ async fn corrupt_chunk_is_an_error_never_wrong_bytes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_store_fails_within_the_bound_and_cached_data_is_still_served() {
     let fx = fixture().await;
-    let faulty = FaultyStore::wrap(fx.store.object_store().clone());
-    let store = ChunkStore::from_object_store(faulty.clone(), "faulty");
+    let (faulty, store) = faulty(&fx.store);
     let policy = FetchPolicy {
         attempt_timeout: Duration::from_millis(300),
         retries: 2,
@@ -217,11 +215,7 @@ async fn unreachable_store_fails_within_the_bound_and_cached_data_is_still_serve
         // store_faults.rs).
         breaker_open: Duration::ZERO,
     };
-    let cache = NodeCache::new(&NodeCacheOptions {
-        fetch: policy,
-        ..Default::default()
-    })
-    .unwrap();
+    let cache = cache_with(policy);
     let fs = open_fs(&store, fx.digest, &cache).await;
     let tiny = resolve(&fs, "tiny.txt");
     assert_eq!(&fs.read(tiny, None, 0, 100).await.unwrap()[..], b"hello\n");
@@ -269,8 +263,7 @@ fn du(dir: &Path) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn disk_cache_is_bounded_survives_restart_and_is_shared_between_versions() {
     let fx = fixture().await;
-    let faulty = FaultyStore::wrap(fx.store.object_store().clone());
-    let store = ChunkStore::from_object_store(faulty.clone(), "faulty");
+    let (faulty, store) = faulty(&fx.store);
     let cache_dir = tempfile::tempdir().unwrap();
     let options = |bytes: u64| NodeCacheOptions {
         disk_dir: Some(cache_dir.path().to_path_buf()),
@@ -357,8 +350,7 @@ async fn disk_cache_is_bounded_survives_restart_and_is_shared_between_versions()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn background_prefetch_warms_the_disk_cache() {
     let fx = fixture().await;
-    let faulty = FaultyStore::wrap(fx.store.object_store().clone());
-    let store = ChunkStore::from_object_store(faulty.clone(), "faulty");
+    let (faulty, store) = faulty(&fx.store);
     let cache_dir = tempfile::tempdir().unwrap();
     let cache = NodeCache::new(&NodeCacheOptions {
         disk_dir: Some(cache_dir.path().to_path_buf()),

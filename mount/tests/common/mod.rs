@@ -151,6 +151,22 @@ impl FaultyStore {
     }
 }
 
+/// `store`'s objects behind a [`FaultyStore`]: the switch, and the store to mount from.
+pub fn faulty(store: &ChunkStore) -> (Arc<FaultyStore>, ChunkStore) {
+    let faulty = FaultyStore::wrap(store.object_store().clone());
+    let store = ChunkStore::from_object_store(faulty.clone(), "faulty");
+    (faulty, store)
+}
+
+/// A node cache whose fetches follow `policy` (no disk tier).
+pub fn cache_with(policy: sealed_mount::FetchPolicy) -> sealed_mount::NodeCache {
+    sealed_mount::NodeCache::new(&sealed_mount::NodeCacheOptions {
+        fetch: policy,
+        ..Default::default()
+    })
+    .expect("a node cache")
+}
+
 impl fmt::Display for FaultyStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "faulty({})", self.inner)
