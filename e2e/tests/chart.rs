@@ -1000,6 +1000,9 @@ fn the_binaries_accept_the_flags_the_chart_passes() -> Result<()> {
             "operator.syncJobResources.limits.memory=4Gi",
             "cache.size=1.5Ti",
             "node.memory=512M",
+            "operator.syncJobPod.serviceAccountName=sync",
+            r#"json:operator.syncJobPod.tolerations=[{"key":"dedicated","operator":"Exists"}]"#,
+            r#"json:operator.syncJobPod.affinity={"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"pool","operator":"In","values":["cpu"]}]}]}}}"#,
         ],
     ];
     let mut checked = 0;
@@ -1275,5 +1278,52 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
             std::fs::copy(entry.path(), target)?;
         }
     }
+    Ok(())
+}
+
+/// Sync Jobs' pods get what private registries and workload identity need: `--sync-pod`
+/// carries the chart's `operator.syncJobPod`, with the chart's own pull secrets by default.
+#[test]
+fn sync_job_pod_settings_reach_the_operator() -> Result<()> {
+    let Some(helm) = helm("sync_job_pod_settings_reach_the_operator") else {
+        return Ok(());
+    };
+    let sync_pod = |sets: &[&str]| -> Result<Option<Value>> {
+        let deploy: Deployment = one(&render(&helm, sets)?, "Deployment")?;
+        let c = deploy
+            .spec
+            .context("spec")?
+            .template
+            .spec
+            .context("pod")?
+            .containers[0]
+            .clone();
+        flag(&c, "--sync-pod")
+            .map(|json| serde_json::from_str(&json).context("--sync-pod is not JSON"))
+            .transpose()
+    };
+    assert_eq!(sync_pod(&[])?, None, "nothing to pass by default");
+    let pod = sync_pod(&[
+        r#"json:imagePullSecrets=[{"name":"registry"}]"#,
+        "operator.syncJobPod.serviceAccountName=model-sync",
+        "operator.syncJobPod.priorityClassName=batch-low",
+        "operator.syncJobPod.nodeSelector.pool=cpu",
+    ])?
+    .context("no --sync-pod")?;
+    assert_eq!(pod["serviceAccountName"], "model-sync");
+    assert_eq!(pod["imagePullSecrets"][0]["name"], "registry", "{pod}");
+    assert_eq!(pod["priorityClassName"], "batch-low");
+    assert_eq!(pod["nodeSelector"]["pool"], "cpu");
+    assert!(
+        pod.get("affinity").is_none(),
+        "empty values are left out: {pod}"
+    );
+    // Their own pull secrets win over the chart's.
+    let pod = sync_pod(&[
+        r#"json:imagePullSecrets=[{"name":"registry"}]"#,
+        r#"json:operator.syncJobPod.imagePullSecrets=[{"name":"sync-registry"}]"#,
+    ])?
+    .context("no --sync-pod")?;
+    assert_eq!(pod["imagePullSecrets"][0]["name"], "sync-registry");
     Ok(())
 }

@@ -1,7 +1,9 @@
 //! The operator's settings, from its command line (see `main.rs`).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::{Affinity, LocalObjectReference, Toleration};
 use sealed_store::StoreOptions;
 
 use sealed_sources::SourcePolicy;
@@ -33,6 +35,11 @@ pub struct OperatorConfig {
     pub watch_namespace: Option<String>,
     /// CPU and memory requests and limits of sync Jobs, e.g. "500m", "1Gi".
     pub sync_resources: SyncResources,
+    /// Where sync Jobs' pods run and whom they run as (`--sync-pod`).
+    pub sync_pod: SyncPodSettings,
+    /// The log filter and format of sync Jobs (the operator's own `SEALED_LOG`,
+    /// `--log-json`).
+    pub sync_log: SyncLog,
     /// How often the operator looks for versions pushed with `sealed push --volume`.
     pub upload_poll: Duration,
     /// Garbage collection: how often (zero: never), dry run, and how old an unreferenced
@@ -50,6 +57,58 @@ pub struct OperatorConfig {
 
 /// The attestation Secret's name when none is given.
 pub const DEFAULT_ATTESTATION_SECRET: &str = "sealed-attestation";
+
+/// What a cluster needs of a sync Job's pod besides the defaults: its service account (for
+/// workload identity), pull secrets (a private registry), and placement. Read from JSON
+/// (`--sync-pod`, the chart's `operator.syncJobPod`); unknown fields are refused, so a typo is
+/// an error at start-up, not a Job that silently lacks its setting.
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SyncPodSettings {
+    #[serde(default)]
+    pub service_account_name: Option<String>,
+    #[serde(default)]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
+    #[serde(default)]
+    pub node_selector: BTreeMap<String, String>,
+    #[serde(default)]
+    pub tolerations: Vec<Toleration>,
+    #[serde(default)]
+    pub affinity: Option<Affinity>,
+    #[serde(default)]
+    pub priority_class_name: Option<String>,
+}
+
+impl SyncPodSettings {
+    /// Parses `--sync-pod`'s JSON; an empty value means the defaults.
+    pub fn parse(json: &str) -> Result<Self, String> {
+        if json.trim().is_empty() {
+            return Ok(SyncPodSettings::default());
+        }
+        serde_json::from_str(json).map_err(|e| {
+            format!(
+                "{e}; expected a JSON object with serviceAccountName, imagePullSecrets, \
+                 nodeSelector, tolerations, affinity, priorityClassName"
+            )
+        })
+    }
+}
+
+/// How sync Jobs log: `SEALED_LOG` and `SEALED_LOG_JSON` in their pods.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SyncLog {
+    pub filter: String,
+    pub json: bool,
+}
+
+impl Default for SyncLog {
+    fn default() -> Self {
+        SyncLog {
+            filter: "info".into(),
+            json: false,
+        }
+    }
+}
 
 #[derive(Clone, Debug, Default)]
 pub struct SyncResources {
@@ -88,6 +147,8 @@ impl OperatorConfig {
             namespace: namespace.into(),
             watch_namespace: Some(namespace.into()),
             sync_resources: SyncResources::default(),
+            sync_pod: SyncPodSettings::default(),
+            sync_log: SyncLog::default(),
             upload_poll: Duration::from_secs(5),
             gc_interval: Duration::ZERO,
             gc_dry_run: false,

@@ -8,7 +8,9 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use kube_lease_manager::LeaseManagerBuilder;
 use sealed_crds::Source;
-use sealed_operator::config::{OperatorConfig, SyncExecutor, SyncResources};
+use sealed_operator::config::{
+    OperatorConfig, SyncExecutor, SyncLog, SyncPodSettings, SyncResources,
+};
 use sealed_operator::sync::failure::hide_store;
 use sealed_operator::sync::job::EXIT_PERMANENT;
 use sealed_operator::sync::{Counters, Credentials, SyncFailure, SyncRequest, Termination};
@@ -108,6 +110,10 @@ struct RunArgs {
     sync_cpu_limit: Option<String>,
     #[arg(long, env = "SEALED_SYNC_MEMORY_LIMIT")]
     sync_memory_limit: Option<String>,
+    /// Sync Jobs' pods: JSON with serviceAccountName, imagePullSecrets, nodeSelector,
+    /// tolerations, affinity, priorityClassName (e.g. '{"serviceAccountName":"sync"}')
+    #[arg(long, env = "SEALED_SYNC_POD", default_value = "", value_parser = SyncPodSettings::parse)]
+    sync_pod: SyncPodSettings,
     /// The operator's namespace: sync Jobs and the leader Lease live here
     #[arg(long, env = "POD_NAMESPACE", default_value = "sealed-volumes")]
     namespace: String,
@@ -202,7 +208,7 @@ async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     sealed_service::logging::init("info", cli.log_json);
     let result = match cli.command {
-        Command::Run(args) => run(*args).await.map(|()| 0),
+        Command::Run(args) => run(*args, cli.log_json).await.map(|()| 0),
         Command::Sync(args) => sync(*args).await,
     };
     match result {
@@ -214,7 +220,7 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
-async fn run(args: RunArgs) -> anyhow::Result<()> {
+async fn run(args: RunArgs, log_json: bool) -> anyhow::Result<()> {
     if args.sync_executor == SyncExecutor::Job && args.sync_image.is_empty() {
         anyhow::bail!(
             "--sync-image is required with --sync-executor job (the operator's own image)"
@@ -235,6 +241,14 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             memory_request: args.sync_memory_request,
             cpu_limit: args.sync_cpu_limit,
             memory_limit: args.sync_memory_limit,
+        },
+        sync_pod: args.sync_pod,
+        sync_log: SyncLog {
+            filter: std::env::var(sealed_service::logging::LOG_ENV)
+                .ok()
+                .filter(|f| !f.is_empty())
+                .unwrap_or_else(|| "info".into()),
+            json: log_json,
         },
         upload_poll: args.upload_poll.max(Duration::from_secs(1)),
         gc_interval: args.gc_interval,

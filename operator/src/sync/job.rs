@@ -233,11 +233,19 @@ fn job_spec(
         image_pull_policy: Some("IfNotPresent".into()),
         command: Some(vec!["sealed-operator".into()]),
         args: Some(args),
-        env: Some(vec![EnvVar {
-            name: sealed_service::logging::LOG_ENV.into(),
-            value: Some("info".into()),
-            ..Default::default()
-        }]),
+        // The operator's own log settings.
+        env: Some(vec![
+            EnvVar {
+                name: sealed_service::logging::LOG_ENV.into(),
+                value: Some(cfg.sync_log.filter.clone()),
+                ..Default::default()
+            },
+            EnvVar {
+                name: sealed_service::logging::LOG_JSON_ENV.into(),
+                value: Some(cfg.sync_log.json.to_string()),
+                ..Default::default()
+            },
+        ]),
         env_from: Some(env_from),
         resources: Some(ResourceRequirements {
             requests: quantities(&r.cpu_request, &r.memory_request),
@@ -256,6 +264,7 @@ fn job_spec(
         termination_message_policy: Some("File".into()),
         ..Default::default()
     };
+    let pod = &cfg.sync_pod;
     let mut annotations = BTreeMap::new();
     annotations.insert(ANNOTATION_TRIGGER.to_string(), request.trigger.clone());
     Ok(Job {
@@ -287,6 +296,16 @@ fn job_spec(
                 }),
                 spec: Some(PodSpec {
                     restart_policy: Some("Never".into()),
+                    // A named service account is for workload identity (its cloud role),
+                    // never for the API server: no token is mounted either way.
+                    service_account_name: pod.service_account_name.clone(),
+                    image_pull_secrets: (!pod.image_pull_secrets.is_empty())
+                        .then(|| pod.image_pull_secrets.clone()),
+                    node_selector: (!pod.node_selector.is_empty())
+                        .then(|| pod.node_selector.clone()),
+                    tolerations: (!pod.tolerations.is_empty()).then(|| pod.tolerations.clone()),
+                    affinity: pod.affinity.clone(),
+                    priority_class_name: pod.priority_class_name.clone(),
                     automount_service_account_token: Some(false),
                     enable_service_links: Some(false),
                     security_context: Some(PodSecurityContext {
@@ -393,6 +412,84 @@ mod tests {
         assert_eq!(
             after("--ambient-credentials-source").as_deref(),
             Some("s3://public-models/")
+        );
+    }
+
+    #[test]
+    fn pod_settings_and_log_settings_reach_the_job_pod() {
+        let mut cfg = OperatorConfig::inline("s3://sealed-store/prod", "sealed-volumes");
+        cfg.sync_pod = crate::config::SyncPodSettings::parse(
+            r#"{"serviceAccountName": "sync-sa",
+                "imagePullSecrets": [{"name": "registry"}],
+                "nodeSelector": {"pool": "cpu"},
+                "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+                "priorityClassName": "batch-low"}"#,
+        )
+        .unwrap();
+        cfg.sync_log = crate::config::SyncLog {
+            filter: "debug".into(),
+            json: true,
+        };
+        let request = SyncRequest {
+            namespace: "ml".into(),
+            name: "llm".into(),
+            source: Source::object_store(ObjectStoreSource {
+                url: "s3://public-models/llm".into(),
+                endpoint: None,
+                region: None,
+                credentials_secret_ref: None,
+            }),
+            trigger: "generation=1".into(),
+            policy: SourcePolicy::for_store("s3://sealed-store/prod", None),
+        };
+        let job = job_spec(&cfg, &request, "sync-llm-x", false).unwrap();
+        let pod = job.spec.unwrap().template.spec.unwrap();
+        assert_eq!(pod.service_account_name.as_deref(), Some("sync-sa"));
+        assert_eq!(
+            pod.automount_service_account_token,
+            Some(false),
+            "a named service account still gets no API token"
+        );
+        assert_eq!(pod.image_pull_secrets.unwrap()[0].name, "registry");
+        assert_eq!(
+            pod.node_selector.unwrap().get("pool").map(String::as_str),
+            Some("cpu")
+        );
+        assert_eq!(
+            pod.tolerations.unwrap()[0].key.as_deref(),
+            Some("dedicated")
+        );
+        assert_eq!(pod.priority_class_name.as_deref(), Some("batch-low"));
+        let env = pod.containers[0].env.clone().unwrap();
+        let value = |name: &str| {
+            env.iter()
+                .find(|e| e.name == name)
+                .and_then(|e| e.value.clone())
+        };
+        assert_eq!(value("SEALED_LOG").as_deref(), Some("debug"));
+        assert_eq!(value("SEALED_LOG_JSON").as_deref(), Some("true"));
+
+        // Defaults: none of them set.
+        let cfg = OperatorConfig::inline("s3://sealed-store/prod", "sealed-volumes");
+        let pod = job_spec(&cfg, &request, "sync-llm-x", false)
+            .unwrap()
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap();
+        assert_eq!(pod.service_account_name, None);
+        assert_eq!(pod.image_pull_secrets, None);
+        assert_eq!(pod.node_selector, None);
+    }
+
+    #[test]
+    fn a_typo_in_the_pod_settings_is_refused_with_the_field() {
+        let err = crate::config::SyncPodSettings::parse(r#"{"serviceAccount": "x"}"#).unwrap_err();
+        assert!(err.contains("unknown field `serviceAccount`"), "{err}");
+        assert_eq!(
+            crate::config::SyncPodSettings::parse("").unwrap(),
+            crate::config::SyncPodSettings::default()
         );
     }
 }
