@@ -9,7 +9,8 @@
 //!    DaemonSet ready, the driver registered with kubelet;
 //! 2. a small model tree in a second bucket, a SealedVolume with an `objectStore` source: the
 //!    operator runs a sync Job and a Ready SealedVolumeVersion appears whose digest equals
-//!    `sealed_store::push` of the same local tree into a scratch memory store;
+//!    `sealed_store::push` of the same local tree into a scratch memory store, and the Job's
+//!    pod ran under the chart's sync ServiceAccount with its pull secret and no API token;
 //! 3. a pod mounting the version inline by digest: the BLAKE3 of every file it reads equals
 //!    that file's whole-content BLAKE3 in the manifest (read from the store);
 //! 4. tags: `prod` → v1, a pod by `volume` + `tag` and one pinned to v1; the source changes
@@ -46,7 +47,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, Secret, ServiceAccount};
 use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
 use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -62,6 +63,9 @@ use sealed_e2e::{Cluster, pseudo_random};
 use sealed_store::push::{PushOptions, push};
 use sealed_store::{ChunkStore, Digest, EntryKind, NoProgress};
 
+/// The sync Jobs' own ServiceAccount and pull Secret in the release namespace (step 1).
+const SYNC_SERVICE_ACCOUNT: &str = "journey-sync";
+const PULL_SECRET: &str = "journey-registry";
 const RELEASE: &str = "journey";
 const DRIVER: &str = "csi.sealedvolumes.io";
 const GPU_LABEL: &str = "nvidia.com/gpu.product";
@@ -970,6 +974,25 @@ async fn install(j: &Journey, operator_bin: &Path, csi_bin: &Path) -> Result<()>
     // older build cannot prune fields the operator writes.
     sealed_e2e::install_crds(&j.client(), "sealed-e2e-journey").await?;
     say("CRDs applied (server-side) and served");
+    // What a private registry and workload identity need of sync Jobs: a pull secret and a
+    // service account of their own in the release namespace (the images are local, so the
+    // secret is never used to pull; step 2 checks that the Job's pod carries both).
+    let sync_sa: ServiceAccount = serde_json::from_value(
+        serde_json::json!({ "metadata": { "name": SYNC_SERVICE_ACCOUNT } }),
+    )?;
+    Api::<ServiceAccount>::namespaced(j.client(), &j.release_ns)
+        .create(&PostParams::default(), &sync_sa)
+        .await
+        .context("creating the sync Jobs' ServiceAccount")?;
+    let pull: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": PULL_SECRET },
+        "type": "kubernetes.io/dockerconfigjson",
+        "stringData": { ".dockerconfigjson": r#"{"auths":{}}"# },
+    }))?;
+    Api::<Secret>::namespaced(j.client(), &j.release_ns)
+        .create(&PostParams::default(), &pull)
+        .await
+        .context("creating the pull Secret")?;
     let endpoint = j.moto.pod_endpoint();
     let sets = [
         format!("fullnameOverride={RELEASE}"),
@@ -986,6 +1009,7 @@ async fn install(j: &Journey, operator_bin: &Path, csi_bin: &Path) -> Result<()>
         // moto speaks plain http on the node's IP.
         "operator.sources.allowHttp=true".into(),
         "cache.size=1Gi".into(),
+        format!("operator.syncJobPod.serviceAccountName={SYNC_SERVICE_ACCOUNT}"),
     ];
     let mut args = vec![
         "install",
@@ -1003,6 +1027,8 @@ async fn install(j: &Journey, operator_bin: &Path, csi_bin: &Path) -> Result<()>
         j.ns, j.attacker_ns
     );
     args.extend(["--set-json", &watch]);
+    let pull_secrets = format!(r#"imagePullSecrets=[{{"name":"{PULL_SECRET}"}}]"#);
+    args.extend(["--set-json", &pull_secrets]);
     j.tools.helm(&args)?;
     say(format!(
         "helm install {RELEASE} -n {}: {}",
@@ -1101,6 +1127,39 @@ async fn sync_and_tags(j: &Journey) -> Result<(Digest, Digest)> {
         version.name_any(),
         t.elapsed().as_secs_f64(),
         j.release_ns
+    ));
+    // The Job's pod ran under the chart's sync service account, with the pull secret and no
+    // API token.
+    let pods = Api::<Pod>::namespaced(j.client(), &j.release_ns)
+        .list(&ListParams::default().labels(&format!("job-name={job}")))
+        .await?
+        .items;
+    let pod_spec = pods
+        .iter()
+        .find_map(|p| p.spec.clone())
+        .with_context(|| format!("no pod of Job {job}"))?;
+    ensure!(
+        pod_spec.service_account_name.as_deref() == Some(SYNC_SERVICE_ACCOUNT),
+        "the sync pod ran as {:?}, not {SYNC_SERVICE_ACCOUNT}",
+        pod_spec.service_account_name
+    );
+    let secrets: Vec<String> = pod_spec
+        .image_pull_secrets
+        .iter()
+        .flatten()
+        .map(|s| s.name.clone())
+        .collect();
+    ensure!(
+        secrets == [PULL_SECRET],
+        "the sync pod's pull secrets are {secrets:?}"
+    );
+    ensure!(
+        pod_spec.automount_service_account_token == Some(false),
+        "the sync pod mounts an API token"
+    );
+    say(format!(
+        "its pod ran as ServiceAccount {SYNC_SERVICE_ACCOUNT} with pull secret {PULL_SECRET}, \
+         no API token mounted"
     ));
 
     step(
