@@ -111,7 +111,7 @@ mount_sealed() { # mount_sealed STORE CACHE_DIR [extra flags…]
   local store=$1 cache=$2
   shift 2
   "$SEALED" --store "$store" mount "$DIGEST" "$W/mnt-sealed" --background --cache-dir "$cache" \
-    --cache-size 64G --log-file "$W/sealed.log" "$@" >&2
+    --cache-size 64Gi --log-file "$W/sealed.log" "$@" >&2
   MOUNTS+=("$W/mnt-sealed")
 }
 
@@ -243,7 +243,7 @@ if command -v moto_server >/dev/null && command -v curl >/dev/null; then
     "$S3_GET" "\`curl --parallel --parallel-max 16\`"
   drop_caches
   "$SEALED" --store "$S3" --endpoint "http://127.0.0.1:$S3_PORT" mount "$S3_DIGEST" "$W/mnt-sealed" \
-    --background --cache-dir "$W/cache-s3" --cache-size 64G --log-file "$W/sealed-s3.log" >&2
+    --background --cache-dir "$W/cache-s3" --cache-size 64Gi --log-file "$W/sealed-s3.log" >&2
   MOUNTS+=("$W/mnt-sealed")
   S3_SEALED=$(rate "$W/mnt-sealed/data.bin")
   result "sealed mount, first read from moto S3 (${S3_MB} MiB, empty disk cache)" "$S3_SEALED" \

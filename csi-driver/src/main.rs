@@ -39,7 +39,7 @@ struct Args {
     /// Per mount: most chunk references a version may have
     #[arg(long, default_value_t = MountLimits::default().max_chunks)]
     max_mount_chunks: u64,
-    /// Per mount: most memory the mounted tree may need (bytes; K, M, G, T suffixes)
+    /// Per mount: most memory the mounted tree may need (bytes, or a quantity: 512Mi, 1G)
     #[arg(long, default_value_t = MountLimits::default().max_manifest_bytes,
           value_parser = parse_size)]
     max_mount_memory: u64,
@@ -59,11 +59,11 @@ struct Args {
         default_value = "/var/cache/sealed-volumes"
     )]
     cache_dir: PathBuf,
-    /// Bound on the disk cache (bytes; K, M, G, T suffixes are powers of 1024)
-    #[arg(long, env = "SEALED_CACHE_SIZE", default_value = "10G", value_parser = parse_size)]
+    /// Bound on the disk cache: a Kubernetes quantity (10Gi = 10·2^30, 10G = 10·10^9) or bytes
+    #[arg(long, env = "SEALED_CACHE_SIZE", default_value = "10Gi", value_parser = parse_size)]
     cache_size: u64,
     /// Bound on chunks held in memory, for the node
-    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    #[arg(long, default_value = "256Mi", value_parser = parse_size)]
     memory: u64,
     /// Where the plugin keeps its FUSE mounts (<state-dir>/mounts/<hex>)
     #[arg(

@@ -686,8 +686,8 @@ fn node_plugin_mounts_and_flags_follow_the_values() -> Result<()> {
     let plugin = container(spec, "plugin");
     assert_eq!(
         flag(plugin, "--cache-size").as_deref(),
-        Some("50G"),
-        "50Gi for the plugin's parser"
+        Some("50Gi"),
+        "the quantity as given: the plugin reads it with the Kubernetes meaning"
     );
     assert_eq!(flag(plugin, "--node-id").as_deref(), Some("$(NODE_NAME)"));
     assert_eq!(

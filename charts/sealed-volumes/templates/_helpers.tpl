@@ -103,11 +103,6 @@ app.kubernetes.io/component: {{ .component }}
 {{- required "store.url is required: the object store of chunks and manifests, e.g. --set store.url=s3://bucket/prefix (see docs/helm.md)" .Values.store.url }}
 {{- end }}
 
-{{/* A size for the plugin's flags: 50Gi -> 50G (both are powers of 1024). */}}
-{{- define "sealed-volumes.size" -}}
-{{- trimSuffix "i" (toString .) }}
-{{- end }}
-
 {{/* Store flags and credentials, shared by the operator and the node plugin. */}}
 {{- define "sealed-volumes.storeArgs" -}}
 - --store={{ include "sealed-volumes.storeUrl" . }}

@@ -29,20 +29,20 @@ pub struct MountArgs {
     /// which is already on a local disk, unless this is given]
     #[arg(long, env = "SEALED_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
-    /// Bound on the disk cache (bytes; K, M, G, T suffixes are powers of 1024)
-    #[arg(long, default_value = "10G", value_parser = parse_size, env = "SEALED_CACHE_SIZE")]
+    /// Bound on the disk cache: a Kubernetes quantity (10Gi = 10·2^30, 10G = 10·10^9) or bytes
+    #[arg(long, default_value = "10Gi", value_parser = parse_size, env = "SEALED_CACHE_SIZE")]
     pub cache_size: u64,
     /// Keep chunks in memory only (no disk cache)
     #[arg(long)]
     pub no_disk_cache: bool,
     /// Bound on recently read and prefetched chunks held in memory
-    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    #[arg(long, default_value = "256Mi", value_parser = parse_size)]
     pub memory: u64,
     /// Bound on readahead bytes being fetched at once (for the whole process)
-    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    #[arg(long, default_value = "256Mi", value_parser = parse_size)]
     pub prefetch_memory: u64,
     /// Largest readahead window per open file (0 turns readahead off)
-    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    #[arg(long, default_value = "64Mi", value_parser = parse_size)]
     pub readahead: u64,
     /// Prefetch into the disk cache in the background: all, none, or comma-separated globs
     /// (e.g. '*.safetensors,tokenizer*')

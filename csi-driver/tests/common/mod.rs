@@ -151,7 +151,7 @@ impl Plugin {
                 "--cache-dir={}",
                 dir.path().join("cache").display()
             ))
-            .arg("--cache-size=64M")
+            .arg("--cache-size=64Mi")
             .args(extra)
             // Static credentials, so an s3:// store never asks an instance-metadata service.
             .env("AWS_ACCESS_KEY_ID", "test")
