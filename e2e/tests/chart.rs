@@ -178,8 +178,12 @@ fn render(helm: &Path, sets: &[&str]) -> Result<Vec<Value>> {
             None => args.extend(["--set", s]),
         }
     }
-    let yaml = run_helm(helm, &args).map_err(anyhow::Error::msg)?;
-    let docs: Vec<Value> = serde_saphyr::from_multiple(&yaml)
+    parse_docs(&run_helm(helm, &args).map_err(anyhow::Error::msg)?)
+}
+
+/// `helm template`'s output, one JSON value per (non-empty) document.
+fn parse_docs(yaml: &str) -> Result<Vec<Value>> {
+    let docs: Vec<Value> = serde_saphyr::from_multiple(yaml)
         .context("helm template printed YAML that does not parse")?;
     Ok(docs.into_iter().filter(|d| d.is_object()).collect())
 }
@@ -1203,9 +1207,7 @@ fn it_renders_as_a_subchart() -> Result<()> {
         ],
     )
     .map_err(anyhow::Error::msg)?;
-    let docs: Vec<Value> = serde_saphyr::from_multiple(&yaml)?;
-    let docs: Vec<Value> = docs.into_iter().filter(|d| d.is_object()).collect();
-    let deploy: Deployment = one(&docs, "Deployment")?;
+    let deploy: Deployment = one(&parse_docs(&yaml)?, "Deployment")?;
     let c = deploy
         .spec
         .context("spec")?

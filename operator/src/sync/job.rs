@@ -355,12 +355,9 @@ mod tests {
     use sealed_crds::{ObjectStoreSource, Source};
     use sealed_sources::SourcePolicy;
 
-    #[test]
-    fn store_credentials_are_prefixed_and_the_policy_is_passed() {
-        let mut cfg = OperatorConfig::inline("s3://sealed-store/prod", "sealed-volumes");
-        cfg.store_secret = Some("store-creds".into());
-        cfg.sync_image = "sealed-operator:test".into();
-        let request = SyncRequest {
+    /// A sync of `ml/llm` from a public bucket under `policy`.
+    fn request(policy: SourcePolicy) -> SyncRequest {
+        SyncRequest {
             namespace: "ml".into(),
             name: "llm".into(),
             source: Source::object_store(ObjectStoreSource {
@@ -370,12 +367,20 @@ mod tests {
                 credentials_secret_ref: None,
             }),
             trigger: "generation=1".into(),
-            policy: SourcePolicy {
-                allow_http: true,
-                ambient_allowed: vec!["s3://public-models/".into()],
-                ..SourcePolicy::for_store("s3://sealed-store/prod", None)
-            },
-        };
+            policy,
+        }
+    }
+
+    #[test]
+    fn store_credentials_are_prefixed_and_the_policy_is_passed() {
+        let mut cfg = OperatorConfig::inline("s3://sealed-store/prod", "sealed-volumes");
+        cfg.store_secret = Some("store-creds".into());
+        cfg.sync_image = "sealed-operator:test".into();
+        let request = request(SourcePolicy {
+            allow_http: true,
+            ambient_allowed: vec!["s3://public-models/".into()],
+            ..SourcePolicy::for_store("s3://sealed-store/prod", None)
+        });
         let job = job_spec(&cfg, &request, "sync-llm-x", true).unwrap();
         let container = &job.spec.unwrap().template.spec.unwrap().containers[0];
         let env_from = container.env_from.clone().unwrap();
@@ -430,18 +435,7 @@ mod tests {
             filter: "debug".into(),
             json: true,
         };
-        let request = SyncRequest {
-            namespace: "ml".into(),
-            name: "llm".into(),
-            source: Source::object_store(ObjectStoreSource {
-                url: "s3://public-models/llm".into(),
-                endpoint: None,
-                region: None,
-                credentials_secret_ref: None,
-            }),
-            trigger: "generation=1".into(),
-            policy: SourcePolicy::for_store("s3://sealed-store/prod", None),
-        };
+        let request = request(SourcePolicy::for_store("s3://sealed-store/prod", None));
         let job = job_spec(&cfg, &request, "sync-llm-x", false).unwrap();
         let pod = job.spec.unwrap().template.spec.unwrap();
         assert_eq!(pod.service_account_name.as_deref(), Some("sync-sa"));
