@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The project's test command (the README's second command, and what CI runs):
-#   1. installs the test tools (hack/install-test-deps.sh),
+#   1. installs the test tools (hack/install-test-deps.sh, hack/build-test-tools.sh),
 #   2. starts the real single-node cluster (hack/ci-cluster.sh) unless SEALED_E2E_CLUSTER=0,
 #   3. checks formatting and lints, then runs every test of the workspace.
 # Tests start their own moto and Azurite servers on loopback ports and stop them after.
@@ -10,6 +10,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source hack/lib/common.sh
 
 hack/install-test-deps.sh
+# Go and crates.io tools (toxiproxy, s3s-fs, ...), built once per pin into the cache.
+TEST_TOOLS_PATH=$(hack/build-test-tools.sh)
+export PATH="$TEST_TOOLS_PATH:$PATH"
 # Missing servers fail the tests instead of skipping them.
 export SEALED_REQUIRE_SERVERS=1
 

@@ -12,8 +12,8 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -27,6 +27,7 @@ use crate::breaker::{Admission, Breakers};
 use crate::cache::{DiskCache, MemoryCache};
 use crate::error::{FetchError, MountError};
 use crate::metrics::MountMetrics;
+use crate::peer::{PeerTier, Route};
 use crate::readahead::ReadaheadBudget;
 
 /// How long to wait for the object store, and how often to try.
@@ -132,6 +133,8 @@ struct Inner {
     /// Disk cache writes not yet done, and a wake-up when they reach zero.
     pending_writes: AtomicU64,
     writes_done: Notify,
+    /// Other nodes' caches, asked between the disk and the store (`crate::peer`).
+    peers: OnceLock<Arc<dyn PeerTier>>,
 }
 
 /// The node's cache tiers and fetch machinery. Cheap to clone.
@@ -158,12 +161,37 @@ impl NodeCache {
                 metrics,
                 pending_writes: AtomicU64::new(0),
                 writes_done: Notify::new(),
+                peers: OnceLock::new(),
             }),
         })
     }
 
     pub fn metrics(&self) -> &Arc<MountMetrics> {
         &self.inner.metrics
+    }
+
+    /// Sets the peer tier chunks are asked from before the store (once; false if one was
+    /// set already). Set after construction, because the tier's server serves from this
+    /// cache.
+    pub fn set_peers(&self, peers: Arc<dyn PeerTier>) -> bool {
+        self.inner.peers.set(peers).is_ok()
+    }
+
+    /// The verified bytes of a chunk for another node that asked this one (its owner): from
+    /// memory, disk or the store, never from the peer tier, once however many ask. Fetched
+    /// chunks land on disk (not in memory, which is this node's readers').
+    pub async fn serve_peer(
+        &self,
+        store: &ChunkStore,
+        chunk: &ChunkRef,
+    ) -> Result<Bytes, FetchError> {
+        if let Some(data) = self.inner.memory.get(&chunk.digest) {
+            return self.checked_len(chunk, data);
+        }
+        let data = self
+            .flight(store, chunk, false, None, Route::OriginOnly)
+            .await?;
+        self.checked_len(chunk, data)
     }
 
     pub(crate) fn budget(&self) -> &ReadaheadBudget {
@@ -251,9 +279,13 @@ impl NodeCache {
                             digest: *digest,
                             reason: "the mount's fetch slots are closed".into(),
                         })?;
-                self.flight(store, chunk, true, Some(slot)).await?
+                self.flight(store, chunk, true, Some(slot), Route::PeersThenOrigin)
+                    .await?
             }
-            (None, None) => self.flight(store, chunk, true, None).await?,
+            (None, None) => {
+                self.flight(store, chunk, true, None, Route::PeersThenOrigin)
+                    .await?
+            }
         };
         // A flight started by `prefetch` does not fill memory; this reader wants it there.
         if !self.inner.memory.contains(digest) {
@@ -268,7 +300,9 @@ impl NodeCache {
         match &self.inner.disk {
             Some(disk) if disk.contains(&chunk.digest) => Ok(()),
             Some(_) => {
-                let data = self.flight(store, chunk, false, None).await?;
+                let data = self
+                    .flight(store, chunk, false, None, Route::PeersThenOrigin)
+                    .await?;
                 self.checked_len(chunk, data).map(drop)
             }
             None => self.get(store, chunk).await.map(drop),
@@ -299,14 +333,17 @@ impl NodeCache {
         }
     }
 
-    /// Joins the fetch of `digest` in flight, or starts one (disk, then store). A fetch it
-    /// starts holds `slot` until readers have their answer; joining drops it at once.
+    /// Joins the fetch of `digest` in flight, or starts one (disk, then peers if `route`
+    /// allows, then store). A fetch it starts holds `slot` until readers have their answer;
+    /// joining drops it at once. (A peer's request that joins a local flight bound for the
+    /// peer tier waits at most that tier's bound before the flight falls back to the origin.)
     pub(crate) fn flight(
         &self,
         store: &ChunkStore,
         chunk: &ChunkRef,
         into_memory: bool,
         slot: Option<OwnedSemaphorePermit>,
+        route: Route,
     ) -> impl Future<Output = Result<Bytes, FetchError>> + use<> {
         let mut inflight = self.inner.inflight.lock();
         if let Some(flight) = inflight.get(&chunk.digest) {
@@ -325,7 +362,7 @@ impl NodeCache {
         // does not cancel it for the others.
         let (tx, rx) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
-            let result = this.fetch_uncached(&store, &chunk).await;
+            let result = this.fetch_uncached(&store, &chunk, route).await;
             // Fill memory before leaving the table, so no reader falls between the two.
             if into_memory && let Ok((data, _)) = &result {
                 this.inner.memory.put(&digest, data);
@@ -367,6 +404,7 @@ impl NodeCache {
         &self,
         store: &ChunkStore,
         chunk: &ChunkRef,
+        route: Route,
     ) -> Result<(Bytes, bool), FetchError> {
         let digest = &chunk.digest;
         let metrics = &self.inner.metrics;
@@ -385,9 +423,40 @@ impl NodeCache {
             }
             MountMetrics::inc(&metrics.disk_misses);
         }
+        if route == Route::PeersThenOrigin
+            && let Some(peers) = self.inner.peers.get()
+            && let Some(data) = self.fetch_from_peer(peers.as_ref(), chunk).await
+        {
+            return Ok((data, self.inner.disk.is_some()));
+        }
         let _gauge = InFlight::new(metrics, u64::from(chunk.len));
         let data = self.fetch_from_store(store, digest).await?;
         Ok((data, self.inner.disk.is_some()))
+    }
+
+    /// The chunk from the peer tier, verified here against its digest and length; `None`
+    /// (fetch from the origin) if no peer had it or a peer's bytes were wrong.
+    async fn fetch_from_peer(&self, peers: &dyn PeerTier, chunk: &ChunkRef) -> Option<Bytes> {
+        let metrics = &self.inner.metrics;
+        let Some(data) = peers.fetch(*chunk).await else {
+            MountMetrics::inc(&metrics.peer_fallbacks);
+            return None;
+        };
+        let actual = Digest::of(&data);
+        if actual != chunk.digest || chunk.check_len(&data).is_err() {
+            MountMetrics::inc(&metrics.peer_corrupt);
+            MountMetrics::inc(&metrics.verification_failures);
+            tracing::error!(
+                digest = %chunk.digest,
+                %actual,
+                len = data.len(),
+                "a peer served wrong bytes for a chunk: fetching it from the origin"
+            );
+            return None;
+        }
+        MountMetrics::inc(&metrics.peer_hits);
+        MountMetrics::add(&metrics.peer_bytes_fetched, data.len() as u64);
+        Some(data)
     }
 
     /// Writes a chunk to the disk cache; the caller has counted it in `pending_writes`.

@@ -15,6 +15,7 @@ use crate::error::{FetchError, FsError};
 use crate::fetch::NodeCache;
 use crate::limits::MountLimits;
 use crate::metrics::MountMetrics;
+use crate::peer::Route;
 use crate::readahead::{Readahead, ReadaheadPolicy};
 use crate::tree::{Attr, DirEntry, Node, NodeType, ROOT_INO, Tree};
 
@@ -335,7 +336,13 @@ impl SealedFs {
                 state.retract(start);
                 return;
             }
-            let flight = self.cache.flight(&self.store, &chunk, true, Some(slot));
+            let flight = self.cache.flight(
+                &self.store,
+                &chunk,
+                true,
+                Some(slot),
+                Route::PeersThenOrigin,
+            );
             let cache = self.cache.clone();
             tokio::spawn(async move {
                 // Errors are the reader's to see when it gets there; here they are counted.

@@ -50,6 +50,12 @@ pub struct MountMetrics {
     pub bytes_read: AtomicU64,
     /// Reads answered with EIO.
     pub read_errors: AtomicU64,
+    /// Chunks and bytes the peer tier served (verified), chunks it did not have (fetched
+    /// from the origin instead), and chunks a peer served wrong (refetched from the origin).
+    pub peer_hits: AtomicU64,
+    pub peer_bytes_fetched: AtomicU64,
+    pub peer_fallbacks: AtomicU64,
+    pub peer_corrupt: AtomicU64,
 }
 
 /// A point-in-time copy of [`MountMetrics`], for printing and tests.
@@ -78,6 +84,10 @@ pub struct MetricsSnapshot {
     pub memory_cache_bytes: u64,
     pub bytes_read: u64,
     pub read_errors: u64,
+    pub peer_hits: u64,
+    pub peer_bytes_fetched: u64,
+    pub peer_fallbacks: u64,
+    pub peer_corrupt: u64,
 }
 
 impl MountMetrics {
@@ -125,6 +135,10 @@ impl MountMetrics {
             memory_cache_bytes: g(&self.memory_cache_bytes),
             bytes_read: g(&self.bytes_read),
             read_errors: g(&self.read_errors),
+            peer_hits: g(&self.peer_hits),
+            peer_bytes_fetched: g(&self.peer_bytes_fetched),
+            peer_fallbacks: g(&self.peer_fallbacks),
+            peer_corrupt: g(&self.peer_corrupt),
         }
     }
 }
