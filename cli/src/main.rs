@@ -3,9 +3,10 @@
 
 mod commands;
 mod context;
+mod errors;
 mod output;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::context::{Context, GlobalArgs};
 
@@ -13,9 +14,7 @@ use crate::context::{Context, GlobalArgs};
 #[command(
     name = "sealed",
     version,
-    about = "Publish model data once; mount it anywhere by content digest",
-    after_help = "The store defaults to a local directory (~/.local/share/sealed-volumes/store); \
-                  set --store or SEALED_STORE for s3://, gs://, az:// or file:// stores."
+    about = "Publish model data once; mount it anywhere by content digest"
 )]
 struct Cli {
     #[command(flatten)]
@@ -54,13 +53,27 @@ enum Command {
     Sync(commands::sync::SyncArgs),
 }
 
+const STORE_HELP: &str = "The store defaults to a local directory \
+    (~/.local/share/sealed-volumes/store); set --store or SEALED_STORE for s3://, gs://, az:// \
+    or file:// stores.";
+
+/// The command line, with the exit-code table under `--help`.
+fn cli_command() -> clap::Command {
+    Cli::command().after_help(format!("{STORE_HELP}\n\n{}", errors::EXIT_CODES_HELP))
+}
+
+fn parse_cli() -> Cli {
+    let matches = cli_command().get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
 fn main() -> std::process::ExitCode {
     // `sealed ls | head` should end quietly, as coreutils do, not panic in println!.
     // SAFETY: called first, before any thread exists; SIG_DFL is a valid disposition.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    let cli = Cli::parse();
+    let cli = parse_cli();
     context::init_logging(cli.global.verbose);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
@@ -89,9 +102,6 @@ fn main() -> std::process::ExitCode {
     });
     match result {
         Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
+        Err(e) => errors::report(&e),
     }
 }

@@ -50,6 +50,6 @@ pub async fn run(ctx: &Context, args: VerifyArgs) -> anyhow::Result<ExitCode> {
     Ok(if report.ok() {
         ExitCode::SUCCESS
     } else {
-        ExitCode::FAILURE
+        crate::errors::Failure::Corrupt.code()
     })
 }
