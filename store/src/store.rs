@@ -6,9 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use object_store::aws::AmazonS3Builder;
-use object_store::azure::MicrosoftAzureBuilder;
-use object_store::gcp::GoogleCloudStorageBuilder;
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::path::Path as ObjectPath;
@@ -19,6 +16,7 @@ use object_store::{
 use url::Url;
 
 use crate::bounded::{MAX_CHUNK_BYTES, MAX_LISTED_OBJECTS, MAX_MANIFEST_BYTES, MAX_RECORD_BYTES};
+use crate::cloud;
 use crate::digest::{Digest, verify_digest};
 use crate::error::{Error, Result};
 use crate::http_cap::CappedConnector;
@@ -134,14 +132,13 @@ impl ChunkStore {
         };
         let parsed = Url::parse(url).map_err(|e| bad(&e.to_string()))?;
         let prefix = parsed.path().trim_matches('/').to_owned();
-        let client = ClientOptions::new()
-            .with_timeout(opts.timeout)
-            .with_connect_timeout(opts.timeout.min(Duration::from_secs(10)))
-            .with_allow_http(
-                opts.endpoint
-                    .as_deref()
-                    .is_some_and(|e| e.starts_with("http://")),
-            );
+        // Plain HTTP only to an endpoint that asks for it (a local server or emulator).
+        let client = |endpoint: Option<&str>| {
+            ClientOptions::new()
+                .with_timeout(opts.timeout)
+                .with_connect_timeout(opts.timeout.min(Duration::from_secs(10)))
+                .with_allow_http(endpoint.is_some_and(|e| e.starts_with("http://")))
+        };
         let retry = RetryConfig {
             backoff: BackoffConfig {
                 init_backoff: Duration::from_millis(100),
@@ -195,29 +192,22 @@ impl ChunkStore {
             }
             "memory" => (Arc::new(InMemory::new()), None),
             "s3" | "s3a" => {
-                let mut b = AmazonS3Builder::from_env();
+                let (b, endpoint) = cloud::s3_builder(opts)?;
+                let mut b = b;
                 for (k, v) in &store_creds {
                     if let Ok(key) = k.parse::<object_store::aws::AmazonS3ConfigKey>() {
                         b = b.with_config(key, v);
                     }
                 }
-                let mut b = b
+                let b = b
                     .with_url(url)
-                    .with_client_options(client)
+                    .with_client_options(client(endpoint.as_deref()))
                     .with_http_connector(CappedConnector)
                     .with_retry(retry);
-                if let Some(endpoint) = &opts.endpoint {
-                    b = b
-                        .with_endpoint(endpoint)
-                        .with_virtual_hosted_style_request(false);
-                }
-                if let Some(region) = &opts.region {
-                    b = b.with_region(region);
-                }
                 (remote(Arc::new(b.build().map_err(backend_err)?)), None)
             }
             "gs" => {
-                let mut b = GoogleCloudStorageBuilder::from_env();
+                let (mut b, endpoint) = cloud::gcs_builder(opts)?;
                 for (k, v) in &store_creds {
                     if let Ok(key) = k.parse::<object_store::gcp::GoogleConfigKey>() {
                         b = b.with_config(key, v);
@@ -225,13 +215,13 @@ impl ChunkStore {
                 }
                 let b = b
                     .with_url(url)
-                    .with_client_options(client)
+                    .with_client_options(client(endpoint.as_deref()))
                     .with_http_connector(CappedConnector)
                     .with_retry(retry);
                 (remote(Arc::new(b.build().map_err(backend_err)?)), None)
             }
             "az" | "azure" | "abfs" | "abfss" => {
-                let mut b = MicrosoftAzureBuilder::from_env();
+                let (mut b, endpoint) = cloud::azure_builder(opts)?;
                 for (k, v) in &store_creds {
                     if let Ok(key) = k.parse::<object_store::azure::AzureConfigKey>() {
                         b = b.with_config(key, v);
@@ -239,11 +229,12 @@ impl ChunkStore {
                 }
                 let mut b = b
                     .with_url(url)
-                    .with_client_options(client)
+                    .with_client_options(client(endpoint.as_deref()))
                     .with_http_connector(CappedConnector)
                     .with_retry(retry);
-                if let Some(endpoint) = &opts.endpoint {
-                    b = b.with_endpoint(endpoint.clone());
+                // The URL's account would otherwise win over the endpoint's.
+                if let Some(endpoint) = endpoint {
+                    b = b.with_endpoint(endpoint);
                 }
                 (remote(Arc::new(b.build().map_err(backend_err)?)), None)
             }
