@@ -54,6 +54,20 @@ pub const SOURCE_CREDENTIALS_LABEL: &str = "sealedvolumes.io/source-credentials"
 /// (`host`, `host:port` or `*.domain`), e.g. `"huggingface.co"` or `"*.r2.cloudflarestorage.com"`.
 pub const ALLOWED_HOSTS_ANNOTATION: &str = "sealedvolumes.io/allowed-hosts";
 
+/// How many hex digits of a digest `kubectl get` shows (`status.latestShort`): 32 bits tell
+/// apart the versions of one volume; the full digest stays in `status.latestDigest`.
+pub const SHORT_DIGEST_HEX: usize = 8;
+
+/// A digest shortened for display: `blake3:8f3a1c2d` from `blake3:8f3a1c2d…` (64 hex). Text
+/// that is not a digest is returned whole, so nothing is hidden.
+pub fn short_digest(digest: &str) -> String {
+    let short = digest.get(.."blake3:".len() + SHORT_DIGEST_HEX);
+    match short {
+        Some(short) if is_digest(digest) => short.to_owned(),
+        _ => digest.to_owned(),
+    }
+}
+
 /// The CRDs of this crate, in a stable order.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![SealedVolume::crd(), SealedVolumeVersion::crd()]

@@ -27,12 +27,24 @@ use crate::schema;
     printcolumn(name = "Volume", type_ = "string", json_path = ".spec.volume"),
     printcolumn(name = "Digest", type_ = "string", json_path = ".spec.digest"),
     printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
         name = "Size",
-        type_ = "integer",
-        json_path = ".status.sizeBytes",
-        description = "Bytes of file content"
+        type_ = "string",
+        json_path = ".status.size",
+        description = "File content in binary units (14.9 GiB); the exact count is the Bytes column of -o wide"
     ),
     printcolumn(name = "Files", type_ = "integer", json_path = ".status.files"),
+    printcolumn(
+        name = "Bytes",
+        type_ = "integer",
+        json_path = ".status.sizeBytes",
+        priority = 1,
+        description = "Bytes of file content"
+    ),
     printcolumn(
         name = "Reused",
         type_ = "integer",
@@ -100,6 +112,10 @@ pub struct SealedVolumeVersionStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub size_bytes: Option<i64>,
+
+    /// sizeBytes in binary units with one decimal (14.9 GiB), for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<String>,
 
     /// Number of regular files.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -35,8 +35,8 @@ use crate::validate::InvalidSpec;
     printcolumn(
         name = "Latest",
         type_ = "string",
-        json_path = ".status.latestDigest",
-        description = "Digest of the newest sealed version"
+        json_path = ".status.latestShort",
+        description = "Digest of the newest sealed version, shortened (blake3:8f3a1c2d); the full one is the Latest Digest column of -o wide"
     ),
     printcolumn(
         name = "Ready",
@@ -54,6 +54,13 @@ use crate::validate::InvalidSpec;
         json_path = ".status.sync.progress",
         priority = 1,
         description = "Progress of a running sync"
+    ),
+    printcolumn(
+        name = "Latest Digest",
+        type_ = "string",
+        json_path = ".status.latestDigest",
+        priority = 1,
+        description = "Digest of the newest sealed version"
     ),
     printcolumn(
         name = "Age",
@@ -408,6 +415,10 @@ pub struct SealedVolumeStatus {
     /// Digest of the newest sealed version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latest_digest: Option<String>,
+
+    /// latestDigest shortened to its first 8 hex digits (blake3:8f3a1c2d), for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latest_short: Option<String>,
 
     /// Name of the SealedVolumeVersion holding latestDigest.
     #[serde(default, skip_serializing_if = "Option::is_none")]

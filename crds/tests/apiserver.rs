@@ -154,16 +154,29 @@ fn kubectl_shows_docs_and_short_names(cluster: &sealed_e2e::Cluster, ns: &str) -
         "SYNCED",
         "AGE",
         "hf://meta-llama",
+        "blake3:8f3a5b0c ",
     ] {
         if !text.contains(col) {
             bail!("kubectl get svol does not print {col}:\n{text}");
         }
     }
+    // The full digest only with -o wide.
+    if text.contains(D1) {
+        bail!("kubectl get svol prints the full digest:\n{text}");
+    }
+    let wide = run(&["get", "svol", "-n", ns, "llama-3-8b", "-o", "wide"])?;
+    if !wide.contains("LATEST DIGEST") || !wide.contains(D1) {
+        bail!("kubectl get svol -o wide does not print the full digest:\n{wide}");
+    }
     let text = run(&["get", "svv", "-n", ns])?;
-    for col in ["VOLUME", "DIGEST", "SIZE", "FILES", "16000000000"] {
+    for col in ["VOLUME", "DIGEST", "READY", "SIZE", "FILES", "14.9 GiB"] {
         if !text.contains(col) {
             bail!("kubectl get svv does not print {col}:\n{text}");
         }
+    }
+    let wide = run(&["get", "svv", "-n", ns, "-o", "wide"])?;
+    if !wide.contains("BYTES") || !wide.contains("16000000000") {
+        bail!("kubectl get svv -o wide does not print the exact size:\n{wide}");
     }
     eprintln!("kubectl get svv:\n{text}");
     // The category lists both kinds (discovery may take a moment to show a changed CRD).
@@ -268,6 +281,7 @@ spec:
             "observedGeneration": 1,
             "source": "hf://meta-llama/Meta-Llama-3-8B@main",
             "latestDigest": D1,
+            "latestShort": sealed_crds::short_digest(D1),
             "latestVersion": "llama-3-8b-8f3a5b0c",
             "conditions": [
                 {"type": "Ready", "status": "True", "reason": "Sealed", "message": "",
@@ -301,13 +315,17 @@ spec:
         vec![
             ("Name", "llama-3-8b".to_string()),
             ("Source", "hf://meta-llama/Meta-Llama-3-8B@main".into()),
-            ("Latest", D1.into()),
+            ("Latest", D1[..15].into()),
             ("Ready", "True".into()),
             ("Synced", "False".into()),
             ("Progress", "50% (10 B of 20 B, 4/9 files)".into()),
+            ("Latest Digest", D1.into()),
         ]
     );
-    let vstatus = serde_json::json!({"status": {"sizeBytes": 16_000_000_000i64, "files": 9,
+    let vstatus = serde_json::json!({"status": {"sizeBytes": 16_000_000_000i64,
+        "size": "14.9 GiB", "files": 9,
+        "conditions": [{"type": "Ready", "status": "True", "reason": "Sealed", "message": "",
+            "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1}],
         "chunks": 15000, "bytesNew": 1000, "bytesReused": 15_999_999_000i64,
         "sealedAt": "2026-01-01T00:00:00Z", "sourceRevision": "8afc5e2"}});
     versions
@@ -324,8 +342,10 @@ spec:
             ("Name", "llama-3-8b-8f3a5b0c".to_string()),
             ("Volume", "llama-3-8b".into()),
             ("Digest", D1.into()),
-            ("Size", "16000000000".into()),
+            ("Ready", "True".into()),
+            ("Size", "14.9 GiB".into()),
             ("Files", "9".into()),
+            ("Bytes", "16000000000".into()),
             ("Reused", "15999999000".into()),
             ("Revision", "8afc5e2".into()),
         ]

@@ -180,6 +180,16 @@ fn schemas_carry_the_validation_rules() {
 }
 
 #[test]
+fn short_digests_for_kubectl_get() {
+    let d = "blake3:8f3a1c2d00000000000000000000000000000000000000000000000000000001";
+    assert_eq!(sealed_crds::short_digest(d), "blake3:8f3a1c2d");
+    // Not a digest: shown whole, never cut (nor a panic on a short or multi-byte string).
+    for odd in ["", "blake3:8f3a", "blake3:ééééééééé", &d.to_uppercase()] {
+        assert_eq!(sealed_crds::short_digest(odd), odd);
+    }
+}
+
+#[test]
 fn names_and_printer_columns() {
     let sv = SealedVolume::crd();
     assert_eq!(
@@ -196,10 +206,11 @@ fn names_and_printer_columns() {
         .collect();
     let expect = [
         ("Source", ".status.source"),
-        ("Latest", ".status.latestDigest"),
+        ("Latest", ".status.latestShort"),
         ("Ready", ".status.conditions[?(@.type==\"Ready\")].status"),
         ("Synced", ".status.conditions[?(@.type==\"Synced\")].status"),
         ("Progress", ".status.sync.progress"),
+        ("Latest Digest", ".status.latestDigest"),
         ("Age", ".metadata.creationTimestamp"),
     ];
     assert_eq!(
@@ -230,7 +241,7 @@ fn names_and_printer_columns() {
     assert_eq!(
         cols,
         [
-            "Volume", "Digest", "Size", "Files", "Reused", "Revision", "Age"
+            "Volume", "Digest", "Ready", "Size", "Files", "Bytes", "Reused", "Revision", "Age"
         ]
     );
     let selectable: Vec<String> = svv.spec.versions[0]

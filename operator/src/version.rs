@@ -151,6 +151,7 @@ async fn apply(version: &SealedVolumeVersion, ctx: &Context) -> Result<Action> {
                     "conditions": conditions,
                     "observedGeneration": generation,
                     "sizeBytes": manifest.total_size(),
+                    "size": crate::sync::human_bytes(manifest.total_size()),
                     "files": files,
                     "chunks": manifest.unique_chunks().len(),
                     "sealedAt": status.sealed_at.clone().unwrap_or(now),

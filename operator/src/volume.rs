@@ -628,6 +628,7 @@ async fn resolve_versions(
     mine.sort_by_key(|v| (sealed_at(v), v.name_any()));
     let latest = mine.last();
     status.latest_digest = latest.map(|v| v.spec.digest.clone());
+    status.latest_short = latest.map(|v| sealed_crds::short_digest(&v.spec.digest));
     status.latest_version = latest.map(|v| v.name_any());
 
     let mut unresolved = Vec::new();
