@@ -60,6 +60,36 @@ pub struct MountArgs {
     /// Internal: this is the background process; report readiness on stdout.
     #[arg(long, hide = true)]
     pub daemon_child: bool,
+    #[command(flatten)]
+    pub peer: PeerArgs,
+}
+
+/// The peer tier: `sealed mount` processes that share a fleet ask each chunk's owner among
+/// them before the store (see docs/peer.md).
+#[derive(Args, Debug)]
+pub struct PeerArgs {
+    /// Peers' addresses (host:port, comma-separated; this node's own may be among them):
+    /// turns the peer tier on
+    #[arg(long, value_delimiter = ',', conflicts_with = "peers_file")]
+    pub peers: Vec<String>,
+    /// A file of peers' addresses, re-read every second (membership that changes)
+    #[arg(long)]
+    pub peers_file: Option<PathBuf>,
+    /// Where this node serves its peers
+    #[arg(long, default_value = "0.0.0.0:7070")]
+    pub peer_listen: std::net::SocketAddr,
+    /// This node's address in the peer list [default: --peer-listen]
+    #[arg(long)]
+    pub peer_advertise: Option<String>,
+    /// File with the fleet's shared peer token (at least 16 characters)
+    #[arg(long, env = "SEALED_PEER_TOKEN_FILE")]
+    pub peer_token_file: Option<PathBuf>,
+    /// Milliseconds to wait for a peer before reading a chunk from the store
+    #[arg(long, default_value_t = 3000)]
+    pub peer_timeout_ms: u64,
+    /// Most nodes one owner serves a chunk to; the owners per chunk widen beyond that
+    #[arg(long, default_value_t = 64)]
+    pub peer_fanout: usize,
 }
 
 #[derive(Args, Debug)]
@@ -137,6 +167,7 @@ async fn serve(ctx: &Context, args: MountArgs) -> anyhow::Result<ExitCode> {
         threads: args.threads.max(1),
         ..MountOptions::default()
     };
+    let peer = start_peer_tier(&args.peer, &cache, &store).await?;
     let mut handle = MountHandle::spawn(store, digest, &args.dir, cache, options)
         .await
         .with_context(|| format!("cannot mount {digest} on {}", args.dir.display()))?;
@@ -177,7 +208,15 @@ async fn serve(ctx: &Context, args: MountArgs) -> anyhow::Result<ExitCode> {
         drop(handle);
     }
     if ctx.json() && !args.daemon_child {
-        print_json(&metrics)?;
+        match &peer {
+            // The peer tier's counters join the mount's, under `peer`.
+            Some(peer) => {
+                let mut all = serde_json::to_value(metrics)?;
+                all["peer"] = serde_json::to_value(peer.metrics.snapshot())?;
+                print_json(&all)?;
+            }
+            None => print_json(&metrics)?,
+        }
     } else if !args.daemon_child {
         eprintln!(
             "unmounted {}: served {}, fetched {} from the store in {} chunks, {} verification failures",
@@ -189,6 +228,40 @@ async fn serve(ctx: &Context, args: MountArgs) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// With `--peers` or `--peers-file`: serves this node's cache to the fleet and asks the
+/// fleet before the store. The store's credentials stay here; peers get verified bytes only.
+async fn start_peer_tier(
+    args: &PeerArgs,
+    cache: &NodeCache,
+    store: &sealed_store::ChunkStore,
+) -> anyhow::Result<Option<sealed_peer::PeerNode>> {
+    use sealed_peer::{PeerOptions, PeerToken, membership};
+    if args.peers.is_empty() && args.peers_file.is_none() {
+        return Ok(None);
+    }
+    let token_file = args.peer_token_file.as_ref().context(
+        "--peers needs --peer-token-file: peers serve chunks only to holders of the fleet's token",
+    )?;
+    let token = PeerToken::from_file(token_file)?;
+    let advertise = args
+        .peer_advertise
+        .clone()
+        .unwrap_or_else(|| args.peer_listen.to_string());
+    membership::check_addr(&advertise).context("--peer-advertise")?;
+    let mut options = PeerOptions::new(args.peer_listen, advertise, token);
+    options.request_timeout = Duration::from_millis(args.peer_timeout_ms.clamp(1, 600_000));
+    options.fanout = args.peer_fanout.max(1);
+    let members = match &args.peers_file {
+        Some(path) => membership::from_file(path.clone(), options.fanout, Duration::from_secs(1))?,
+        None => {
+            let addrs = membership::parse_addrs(&args.peers.join(","))?;
+            membership::fixed(addrs, options.fanout)
+        }
+    };
+    let node = sealed_peer::PeerNode::start(&options, members, cache, store.clone()).await?;
+    Ok(Some(node))
 }
 
 /// Starts this same command as a background process and returns once it has mounted.

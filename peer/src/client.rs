@@ -1,0 +1,213 @@
+//! The requesting side: [`PeerClient`] is the mount's [`PeerTier`]. For each chunk it finds
+//! the owner in its current view of the ring and asks it, within a time bound; anything but
+//! the right number of bytes in time is `None`, and the mount fetches from the origin. (The
+//! mount verifies the bytes; this side only bounds them.)
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use sealed_mount::PeerTier;
+use sealed_store::ChunkRef;
+
+use crate::metrics::PeerMetrics;
+use crate::ring::{Member, RingView, Role};
+use crate::token::PeerToken;
+use crate::{HOP_HEADER, PeerError, PeerOptions, chunk_path};
+
+/// Asks the owners. Cheap to clone.
+#[derive(Clone)]
+pub struct PeerClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    me: Member,
+    ring: RingView,
+    http: reqwest::Client,
+    token: PeerToken,
+    request_timeout: Duration,
+    down_for: Duration,
+    /// Owners that failed recently, and until when they are not asked.
+    down: Mutex<HashMap<String, Instant>>,
+    metrics: Arc<PeerMetrics>,
+}
+
+impl PeerClient {
+    pub fn new(
+        options: &PeerOptions,
+        ring: RingView,
+        metrics: Arc<PeerMetrics>,
+    ) -> Result<PeerClient, PeerError> {
+        let http = reqwest::Client::builder()
+            // Peers speak h2c: one connection per owner carries every concurrent request.
+            .http2_prior_knowledge()
+            .connect_timeout(options.connect_timeout)
+            .timeout(options.request_timeout)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .http2_keep_alive_timeout(options.request_timeout)
+            .build()
+            .map_err(|e| PeerError::Client(e.to_string()))?;
+        Ok(PeerClient {
+            inner: Arc::new(Inner {
+                me: Member::new(options.advertise.clone()),
+                ring,
+                http,
+                token: options.token.clone(),
+                request_timeout: options.request_timeout,
+                down_for: options.down_for,
+                down: Mutex::new(HashMap::new()),
+                metrics,
+            }),
+        })
+    }
+}
+
+impl PeerTier for PeerClient {
+    fn fetch(&self, chunk: ChunkRef) -> BoxFuture<'static, Option<Bytes>> {
+        let inner = self.inner.clone();
+        async move {
+            let role = inner.ring.borrow().role(&inner.me, &chunk.digest);
+            match role {
+                Role::Alone | Role::Primary => {
+                    PeerMetrics::inc(&inner.metrics.owned_here);
+                    None
+                }
+                // A secondary's request goes one hop only, in half the bound: the requester
+                // that may be waiting on it still has time for the origin.
+                Role::Secondary { primary } => {
+                    inner
+                        .ask(&primary, chunk, true, inner.request_timeout / 2)
+                        .await
+                }
+                Role::Requester { owner } => {
+                    inner.ask(&owner, chunk, false, inner.request_timeout).await
+                }
+            }
+        }
+        .boxed()
+    }
+}
+
+impl Inner {
+    async fn ask(
+        &self,
+        owner: &Member,
+        chunk: ChunkRef,
+        last_hop: bool,
+        bound: Duration,
+    ) -> Option<Bytes> {
+        if self.is_down(&owner.addr) {
+            PeerMetrics::inc(&self.metrics.skipped_down);
+            return None;
+        }
+        PeerMetrics::inc(&self.metrics.requests);
+        let answer = tokio::time::timeout(bound, self.request(owner, chunk, last_hop)).await;
+        match answer {
+            Ok(Ok(data)) => Some(data),
+            Ok(Err(Failure::Busy)) => {
+                PeerMetrics::inc(&self.metrics.request_failures);
+                None
+            }
+            Ok(Err(Failure::Broken(reason))) => {
+                PeerMetrics::inc(&self.metrics.request_failures);
+                tracing::warn!(peer = %owner.addr, digest = %chunk.digest, %reason,
+                    "peer failed; fetching from the origin and not asking it for {:?}", self.down_for);
+                self.mark_down(&owner.addr);
+                None
+            }
+            Err(_) => {
+                PeerMetrics::inc(&self.metrics.request_timeouts);
+                tracing::warn!(peer = %owner.addr, digest = %chunk.digest,
+                    "peer did not answer within {bound:?}; fetching from the origin");
+                self.mark_down(&owner.addr);
+                None
+            }
+        }
+    }
+
+    async fn request(
+        &self,
+        owner: &Member,
+        chunk: ChunkRef,
+        last_hop: bool,
+    ) -> Result<Bytes, Failure> {
+        let url = format!("http://{}{}", owner.addr, chunk_path(&chunk));
+        let mut request = self
+            .http
+            .get(url)
+            .header(http::header::AUTHORIZATION, self.token.header_value());
+        if last_hop {
+            request = request.header(HOP_HEADER, "1");
+        }
+        let mut response = request
+            .send()
+            .await
+            .map_err(|e| Failure::Broken(e.to_string()))?;
+        let status = response.status();
+        if status == http::StatusCode::SERVICE_UNAVAILABLE {
+            return Err(Failure::Busy);
+        }
+        if status != http::StatusCode::OK {
+            return Err(Failure::Broken(format!("answered {status}")));
+        }
+        let want = chunk.len as usize;
+        if response.content_length().is_some_and(|n| n != want as u64) {
+            return Err(Failure::Broken(format!(
+                "announced {:?} bytes for a {want}-byte chunk",
+                response.content_length()
+            )));
+        }
+        // Never more than the chunk's length in memory, whatever the peer sends.
+        let mut body = BytesMut::with_capacity(want);
+        while let Some(part) = response
+            .chunk()
+            .await
+            .map_err(|e| Failure::Broken(e.to_string()))?
+        {
+            if body.len().saturating_add(part.len()) > want {
+                return Err(Failure::Broken(format!(
+                    "sent more than the chunk's {want} bytes"
+                )));
+            }
+            body.extend_from_slice(&part);
+        }
+        if body.len() != want {
+            return Err(Failure::Broken(format!(
+                "sent {} of the chunk's {want} bytes",
+                body.len()
+            )));
+        }
+        Ok(body.freeze())
+    }
+
+    fn is_down(&self, addr: &str) -> bool {
+        let mut down = self.down.lock().unwrap_or_else(|e| e.into_inner());
+        match down.get(addr) {
+            Some(until) if *until > Instant::now() => true,
+            Some(_) => {
+                down.remove(addr);
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn mark_down(&self, addr: &str) {
+        let until = Instant::now() + self.down_for;
+        self.down
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(addr.to_owned(), until);
+    }
+}
+
+enum Failure {
+    /// The owner is at its bound of concurrent requests: not a sign it is down.
+    Busy,
+    Broken(String),
+}

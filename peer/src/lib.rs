@@ -1,0 +1,155 @@
+//! The peer tier: nodes' caches serve each other chunks, so that a fleet reads each chunk
+//! from the origin about once.
+//!
+//! Each chunk has owners among the live members by rendezvous hashing ([`ring`]); a node
+//! missing a chunk asks an owner ([`client`]), which answers from its own tiers or fetches
+//! from the origin once, single flight shared with its own readers ([`server`]). Membership
+//! comes from a list, a file or the node plugins' EndpointSlices ([`membership`]). Every
+//! answer is verified by the asking node's mount (`sealed_mount::PeerTier`); a peer can make
+//! a read slower (bounded), never wrong. See `docs/peer.md`.
+
+pub mod client;
+pub mod membership;
+pub mod metrics;
+pub mod ring;
+pub mod server;
+pub mod token;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sealed_mount::NodeCache;
+use sealed_store::{ChunkRef, ChunkStore};
+use tokio::task::JoinHandle;
+
+pub use client::PeerClient;
+pub use membership::Membership;
+pub use metrics::{PeerMetrics, PeerSnapshot};
+pub use ring::{Member, Ring, Role};
+pub use token::PeerToken;
+
+/// Marks a request as the last hop: the owner answers from its tiers or the origin, never
+/// asks another peer.
+pub const HOP_HEADER: &str = "x-sealed-last-hop";
+
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    #[error("peer token: {0}")]
+    Token(String),
+    #[error("peer membership: {0}")]
+    Membership(String),
+    #[error("peer client: {0}")]
+    Client(String),
+    #[error("cannot listen for peers on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// How a node takes part in the peer tier.
+#[derive(Clone, Debug)]
+pub struct PeerOptions {
+    /// Where this node's peer server listens.
+    pub listen: SocketAddr,
+    /// This node's address as the others see it in the membership (`host:port`).
+    pub advertise: String,
+    pub token: PeerToken,
+    /// Bound on one request to an owner (the owner may be fetching from the origin), after
+    /// which the reader fetches from the origin itself.
+    pub request_timeout: Duration,
+    pub connect_timeout: Duration,
+    /// How long an owner that failed or timed out is not asked.
+    pub down_for: Duration,
+    /// Most peer requests this node answers at once; more are told to go to the origin.
+    pub max_concurrent_serves: usize,
+    /// Bound on answering one peer request (the origin fetch included).
+    pub serve_timeout: Duration,
+    /// Most nodes one owner serves a chunk to: the owner set widens to members / fanout.
+    pub fanout: usize,
+}
+
+impl PeerOptions {
+    /// The defaults for a node listening on `listen`, known to the others as `advertise`.
+    pub fn new(listen: SocketAddr, advertise: String, token: PeerToken) -> PeerOptions {
+        PeerOptions {
+            listen,
+            advertise,
+            token,
+            request_timeout: Duration::from_secs(3),
+            connect_timeout: Duration::from_millis(500),
+            down_for: Duration::from_secs(5),
+            max_concurrent_serves: 256,
+            serve_timeout: Duration::from_secs(10),
+            fanout: 64,
+        }
+    }
+}
+
+/// The request path for a chunk.
+pub(crate) fn chunk_path(chunk: &ChunkRef) -> String {
+    format!("/v1/chunks/{}?len={}", chunk.digest.hex(), chunk.len)
+}
+
+/// A node's part of the tier, running: its server, and its client installed in its cache.
+/// Dropping it stops the server (the client stays installed, and with no server the others
+/// fall back to the origin for this node's chunks).
+pub struct PeerNode {
+    pub metrics: Arc<PeerMetrics>,
+    pub local_addr: SocketAddr,
+    server: JoinHandle<()>,
+    _membership: Membership,
+}
+
+impl Drop for PeerNode {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+impl PeerNode {
+    /// Listens, serves, and installs the client as `cache`'s peer tier.
+    pub async fn start(
+        options: &PeerOptions,
+        membership: Membership,
+        cache: &NodeCache,
+        store: ChunkStore,
+    ) -> Result<PeerNode, PeerError> {
+        let metrics = Arc::new(PeerMetrics::default());
+        let listener = tokio::net::TcpListener::bind(options.listen)
+            .await
+            .map_err(|source| PeerError::Listen {
+                addr: options.listen,
+                source,
+            })?;
+        let local_addr = listener.local_addr().map_err(|source| PeerError::Listen {
+            addr: options.listen,
+            source,
+        })?;
+        let router = server::router(
+            options,
+            cache.clone(),
+            store,
+            membership.view.clone(),
+            metrics.clone(),
+        );
+        let server = tokio::spawn(async move {
+            if let Err(e) = server::serve(listener, router).await {
+                tracing::error!(error = %e, "the peer server stopped");
+            }
+        });
+        let client = PeerClient::new(options, membership.view.clone(), metrics.clone())?;
+        if !cache.set_peers(Arc::new(client)) {
+            tracing::warn!("this cache already had a peer tier; keeping that one");
+        }
+        tracing::info!(listen = %local_addr, advertise = %options.advertise,
+            members = membership.view.borrow().len(), "peer tier on");
+        Ok(PeerNode {
+            metrics,
+            local_addr,
+            server,
+            _membership: membership,
+        })
+    }
+}

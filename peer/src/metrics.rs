@@ -1,0 +1,67 @@
+//! The peer tier's own counters: what this node asked of others, and what it served them
+//! (its load as an owner). The chunk bytes by tier are the mount's (`MountMetrics`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+#[derive(Debug, Default)]
+pub struct PeerMetrics {
+    /// Requests this node sent to an owner, and those that failed (error, refused,
+    /// wrong length, timed out) or were not sent because the owner was marked down.
+    pub requests: AtomicU64,
+    pub request_failures: AtomicU64,
+    pub request_timeouts: AtomicU64,
+    pub skipped_down: AtomicU64,
+    /// Chunks this node owns itself (primary, or alone): fetched from the origin here.
+    pub owned_here: AtomicU64,
+    /// Owner load: requests and bytes this node served to peers; requests it turned away
+    /// (bad token, bad request, too many at once) or could not answer (origin error).
+    pub served_requests: AtomicU64,
+    pub served_bytes: AtomicU64,
+    pub served_rejected: AtomicU64,
+    pub served_errors: AtomicU64,
+    /// Requests this node (a secondary owner) passed on to a chunk's primary.
+    pub forwarded: AtomicU64,
+}
+
+/// A point-in-time copy, for JSON and tests.
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct PeerSnapshot {
+    pub requests: u64,
+    pub request_failures: u64,
+    pub request_timeouts: u64,
+    pub skipped_down: u64,
+    pub owned_here: u64,
+    pub served_requests: u64,
+    pub served_bytes: u64,
+    pub served_rejected: u64,
+    pub served_errors: u64,
+    pub forwarded: u64,
+}
+
+impl PeerMetrics {
+    pub(crate) fn inc(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> PeerSnapshot {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        PeerSnapshot {
+            requests: g(&self.requests),
+            request_failures: g(&self.request_failures),
+            request_timeouts: g(&self.request_timeouts),
+            skipped_down: g(&self.skipped_down),
+            owned_here: g(&self.owned_here),
+            served_requests: g(&self.served_requests),
+            served_bytes: g(&self.served_bytes),
+            served_rejected: g(&self.served_rejected),
+            served_errors: g(&self.served_errors),
+            forwarded: g(&self.forwarded),
+        }
+    }
+}

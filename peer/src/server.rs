@@ -1,0 +1,174 @@
+//! The owning side: `GET /v1/chunks/<64 hex>?len=N` with the fleet's token. Answers from the
+//! node's own tiers through [`NodeCache::serve_peer`] (memory, disk, or the origin once,
+//! shared with local readers), so every byte it sends has been verified here. A secondary
+//! owner of a chunk asks the primary first, through its own read path (`NodeCache::get`,
+//! which verifies the primary's bytes); one hop only: a request marked as the last hop is
+//! never passed on.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use sealed_mount::NodeCache;
+use sealed_store::{ChunkRef, ChunkStore, Digest};
+use serde::Deserialize;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+use crate::metrics::PeerMetrics;
+use crate::ring::{Member, RingView, Role};
+use crate::token::PeerToken;
+use crate::{HOP_HEADER, PeerOptions};
+
+/// Largest chunk a peer asks for: the chunker's own bound.
+const MAX_CHUNK_LEN: u64 = sealed_store::bounded::MAX_CHUNK_BYTES;
+
+#[derive(Clone)]
+struct ServerState {
+    cache: NodeCache,
+    store: ChunkStore,
+    me: Member,
+    ring: RingView,
+    token: PeerToken,
+    /// Requests being answered at once; one more is told 503 (the asker goes to the origin).
+    slots: Arc<Semaphore>,
+    serve_timeout: Duration,
+    metrics: Arc<PeerMetrics>,
+}
+
+#[derive(Deserialize)]
+struct ChunkQuery {
+    len: u64,
+}
+
+/// The router, for [`serve`] and for tests that put it behind their own listener.
+pub fn router(
+    options: &PeerOptions,
+    cache: NodeCache,
+    store: ChunkStore,
+    ring: RingView,
+    metrics: Arc<PeerMetrics>,
+) -> Router {
+    let state = ServerState {
+        cache,
+        store,
+        me: Member::new(options.advertise.clone()),
+        ring,
+        token: options.token.clone(),
+        slots: Arc::new(Semaphore::new(options.max_concurrent_serves.max(1))),
+        serve_timeout: options.serve_timeout,
+        metrics,
+    };
+    Router::new()
+        .route("/v1/chunks/{digest}", get(chunk))
+        .with_state(state)
+}
+
+/// Serves `router` on `listener` (HTTP/2 with prior knowledge, and HTTP/1.1) until the
+/// task is dropped or aborted.
+pub async fn serve(listener: TcpListener, router: Router) -> std::io::Result<()> {
+    axum::serve(listener, router).await
+}
+
+async fn chunk(
+    State(state): State<ServerState>,
+    Path(digest): Path<String>,
+    query: Result<Query<ChunkQuery>, QueryRejection>,
+    headers: HeaderMap,
+) -> Response {
+    let metrics = &state.metrics;
+    let auth = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    if !state.token.admits(auth) {
+        PeerMetrics::inc(&metrics.served_rejected);
+        return (StatusCode::UNAUTHORIZED, "a peer token is required\n").into_response();
+    }
+    let Some(chunk) = parse_request(&digest, query.ok().map(|q| q.0)) else {
+        PeerMetrics::inc(&metrics.served_rejected);
+        return (
+            StatusCode::BAD_REQUEST,
+            "want /v1/chunks/<64 hex>?len=<1..=4MiB>\n",
+        )
+            .into_response();
+    };
+    let Ok(_slot) = state.slots.clone().try_acquire_owned() else {
+        PeerMetrics::inc(&metrics.served_rejected);
+        return (StatusCode::SERVICE_UNAVAILABLE, "too many peer requests\n").into_response();
+    };
+    let last_hop = headers.get(HOP_HEADER).is_some();
+    let role = state.ring.borrow().role(&state.me, &chunk.digest);
+    let served = async {
+        if !last_hop && matches!(role, Role::Secondary { .. }) {
+            PeerMetrics::inc(&metrics.forwarded);
+            // Through this node's own read path: memory, disk, the primary, the origin.
+            state.cache.get(&state.store, &chunk).await
+        } else {
+            state.cache.serve_peer(&state.store, &chunk).await
+        }
+    };
+    match tokio::time::timeout(state.serve_timeout, served).await {
+        Ok(Ok(data)) => {
+            PeerMetrics::inc(&metrics.served_requests);
+            PeerMetrics::add(&metrics.served_bytes, data.len() as u64);
+            (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/octet-stream")],
+                data,
+            )
+                .into_response()
+        }
+        Ok(Err(e)) => {
+            PeerMetrics::inc(&metrics.served_errors);
+            tracing::warn!(digest = %chunk.digest, error = %e, "cannot serve a chunk to a peer");
+            (StatusCode::BAD_GATEWAY, "the chunk is not available here\n").into_response()
+        }
+        Err(_) => {
+            PeerMetrics::inc(&metrics.served_errors);
+            (
+                StatusCode::GATEWAY_TIMEOUT,
+                "the chunk took too long here\n",
+            )
+                .into_response()
+        }
+    }
+}
+
+/// The chunk a request names, if its digest and length are well-formed and bounded.
+fn parse_request(digest: &str, query: Option<ChunkQuery>) -> Option<ChunkRef> {
+    if digest.len() != 64 {
+        return None;
+    }
+    let digest = Digest::parse(digest).ok()?;
+    let len = query?.len;
+    if len == 0 || len > MAX_CHUNK_LEN {
+        return None;
+    }
+    Some(ChunkRef {
+        digest,
+        len: u32::try_from(len).ok()?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_bounded() {
+        let hex = Digest::of(b"x").hex();
+        let q = |len| Some(ChunkQuery { len });
+        assert!(parse_request(&hex, q(1 << 20)).is_some());
+        assert!(parse_request(&hex, q(0)).is_none());
+        assert!(parse_request(&hex, q(MAX_CHUNK_LEN + 1)).is_none());
+        assert!(parse_request(&hex, None).is_none());
+        assert!(parse_request(&format!("blake3:{hex}"), q(1)).is_none());
+        assert!(parse_request(&hex.to_uppercase(), q(1)).is_none());
+        assert!(parse_request("../../etc/passwd", q(1)).is_none());
+    }
+}

@@ -1,0 +1,176 @@
+//! Faults in the fleet, with real `sealed mount` processes over moto: a peer killed in the
+//! middle of a read, a peer that serves wrong bytes, and the membership changing while the
+//! nodes read. Readers see every byte right and no error in each.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use axum::extract::{Path, Query};
+use common::{Fleet, TOKEN, counter, peer_counter, ports, read_at_once};
+
+#[test]
+fn a_peer_killed_mid_read_leaves_the_others_reading_from_the_store() {
+    let Some(fleet) = Fleet::start(1, 32) else {
+        return;
+    };
+    let (ports, addrs) = ports(4);
+    // A short peer bound so that requests in flight to the dead node end quickly.
+    let peers = [
+        format!("--peers={}", addrs.join(",")),
+        "--peer-timeout-ms=1000".to_owned(),
+    ];
+    // Small readahead: the read is still going when the node dies.
+    let extra = ["--readahead=4Mi"];
+    let mut nodes: Vec<_> = (0..4)
+        .map(|i| fleet.node(i, ports[i], &peers, &extra))
+        .collect();
+    let victim = nodes.pop().unwrap();
+    let files = Arc::new(fleet.files.clone());
+    let (progress, readers) = read_at_once(
+        nodes.iter().map(|n| n.mnt.clone()).collect(),
+        &files,
+        Duration::from_millis(20),
+    );
+    let total = fleet.version_bytes() * 3;
+    let started = Instant::now();
+    while progress.load(Ordering::Relaxed) < total / 4 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "reads did not start"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    victim.kill();
+    let killed_at = progress.load(Ordering::Relaxed);
+    for r in readers {
+        assert_eq!(r.join().unwrap(), Vec::<String>::new(), "wrong bytes read");
+    }
+    assert!(killed_at < total, "the reads had ended before the kill");
+    let stats: Vec<_> = nodes.into_iter().map(|n| n.stop()).collect();
+    let failed: u64 = stats
+        .iter()
+        .map(|s| peer_counter(s, "request_failures") + peer_counter(s, "skipped_down"))
+        .sum();
+    for s in &stats {
+        assert_eq!(counter(s, "read_errors"), 0, "a reader saw an error: {s}");
+    }
+    assert!(
+        failed > 0,
+        "no node noticed the dead peer (it owned a quarter of the chunks)"
+    );
+}
+
+/// A test peer that lies (a stand-in for a compromised or broken node): it has the fleet's
+/// token and answers every chunk with the right number of wrong bytes.
+async fn lying_peer(listener: tokio::net::TcpListener) {
+    #[derive(serde::Deserialize)]
+    struct Len {
+        len: usize,
+    }
+    let app = axum::Router::new().route(
+        "/v1/chunks/{digest}",
+        axum::routing::get(|Path(_): Path<String>, Query(q): Query<Len>| async move {
+            vec![0xA5u8; q.len.min(4 << 20)]
+        }),
+    );
+    axum::serve(listener, app).await.unwrap();
+}
+
+#[test]
+fn a_peer_serving_wrong_bytes_is_caught_and_the_chunk_refetched() {
+    let Some(fleet) = Fleet::start(1, 32) else {
+        return;
+    };
+    let _ = TOKEN;
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let liar = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let liar_addr = liar.local_addr().unwrap().to_string();
+    runtime.spawn(lying_peer(liar));
+    let (ports, mut addrs) = ports(2);
+    addrs.push(liar_addr);
+    let peers = [format!("--peers={}", addrs.join(","))];
+    let nodes: Vec<_> = (0..2)
+        .map(|i| fleet.node(i, ports[i], &peers, &[]))
+        .collect();
+    let files = Arc::new(fleet.files.clone());
+    let (_, readers) = read_at_once(
+        nodes.iter().map(|n| n.mnt.clone()).collect(),
+        &files,
+        Duration::ZERO,
+    );
+    for r in readers {
+        assert_eq!(
+            r.join().unwrap(),
+            Vec::<String>::new(),
+            "a peer's wrong bytes reached a reader"
+        );
+    }
+    let stats: Vec<_> = nodes.into_iter().map(|n| n.stop()).collect();
+    for s in &stats {
+        assert_eq!(counter(s, "read_errors"), 0);
+        // The liar owns about a third of the chunks; each was caught and refetched.
+        assert!(
+            counter(s, "peer_corrupt") > 0,
+            "no wrong answer was caught: {s}"
+        );
+    }
+}
+
+#[test]
+fn the_membership_changes_while_the_nodes_read() {
+    let Some(fleet) = Fleet::start(1, 32) else {
+        return;
+    };
+    let (ports, addrs) = ports(4);
+    let list = fleet.work.path().join("peers");
+    std::fs::write(&list, addrs[..3].join("\n")).unwrap();
+    let peers = [format!("--peers-file={}", list.display())];
+    let extra = ["--readahead=4Mi"];
+    let nodes: Vec<_> = (0..4)
+        .map(|i| fleet.node(i, ports[i], &peers, &extra))
+        .collect();
+    let files = Arc::new(fleet.files.clone());
+    // Nodes 0 and 1 read; node 2 leaves the list and node 3 joins it midway.
+    let (progress, readers) = read_at_once(
+        nodes[..2].iter().map(|n| n.mnt.clone()).collect(),
+        &files,
+        Duration::from_millis(60),
+    );
+    let total = fleet.version_bytes() * 2;
+    let started = Instant::now();
+    while progress.load(Ordering::Relaxed) < total / 5 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "reads did not start"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let changed_at = progress.load(Ordering::Relaxed);
+    std::fs::write(&list, [&addrs[..2], &addrs[3..]].concat().join("\n")).unwrap();
+    for r in readers {
+        assert_eq!(r.join().unwrap(), Vec::<String>::new(), "wrong bytes read");
+    }
+    assert!(
+        changed_at < total / 2,
+        "the reads were nearly done at the change"
+    );
+    let stats: Vec<_> = nodes.into_iter().map(|n| n.stop()).collect();
+    for s in &stats[..2] {
+        assert_eq!(counter(s, "read_errors"), 0);
+    }
+    assert!(
+        peer_counter(&stats[2], "served_requests") > 0,
+        "node 2 served nothing before it left: {}",
+        stats[2]
+    );
+    assert!(
+        peer_counter(&stats[3], "served_requests") > 0,
+        "node 3 served nothing after it joined: {}",
+        stats[3]
+    );
+}

@@ -1,0 +1,92 @@
+//! Four real `sealed mount` processes, each its own cache dir and peer port, cold-read the
+//! same version from one S3 server (moto) at the same moment: every byte is right and the
+//! fleet reads the version from the store about once (≤ 1.3×), not four times.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{Fleet, counter, peer_counter, ports, read_at_once};
+
+#[test]
+fn four_nodes_read_a_version_from_the_store_about_once() {
+    let Some(fleet) = Fleet::start(2, 24) else {
+        return;
+    };
+    let (ports, addrs) = ports(4);
+    let peers = [format!("--peers={}", addrs.join(","))];
+    let nodes: Vec<_> = (0..4)
+        .map(|i| fleet.node(i, ports[i], &peers, &[]))
+        .collect();
+    let files = Arc::new(fleet.files.clone());
+    let (_, readers) = read_at_once(
+        nodes.iter().map(|n| n.mnt.clone()).collect(),
+        &files,
+        Duration::ZERO,
+    );
+    for r in readers {
+        assert_eq!(r.join().unwrap(), Vec::<String>::new(), "wrong bytes read");
+    }
+    let stats: Vec<_> = nodes.into_iter().map(|n| n.stop()).collect();
+    let origin: u64 = stats
+        .iter()
+        .map(|s| counter(s, "store_bytes_fetched"))
+        .sum();
+    let from_peers: u64 = stats.iter().map(|s| counter(s, "peer_bytes_fetched")).sum();
+    let served: u64 = stats.iter().map(|s| peer_counter(s, "served_bytes")).sum();
+    let size = fleet.version_bytes();
+    eprintln!("version {size} B: origin {origin} B, from peers {from_peers} B, served {served} B");
+    assert!(
+        origin * 10 <= size * 13,
+        "the fleet read {origin} B from the store for a {size} B version (> 1.3×)"
+    );
+    assert!(from_peers >= size * 2, "peers served only {from_peers} B");
+    for s in &stats {
+        assert_eq!(counter(s, "read_errors"), 0);
+        assert_eq!(counter(s, "peer_corrupt"), 0);
+        // Every node owns a share and served it: no owner sat idle.
+        assert!(
+            peer_counter(s, "served_requests") > 0,
+            "an owner served nothing: {s}"
+        );
+    }
+}
+
+/// With a fanout of 2, four nodes give each chunk two owners: the secondary asks the
+/// primary (one hop), so the store still sees each chunk about once, and both serve.
+#[test]
+fn hot_chunks_have_several_owners_and_still_one_origin_fetch() {
+    let Some(fleet) = Fleet::start(1, 24) else {
+        return;
+    };
+    let (ports, addrs) = ports(4);
+    let peers = [
+        format!("--peers={}", addrs.join(",")),
+        "--peer-fanout=2".to_owned(),
+    ];
+    let nodes: Vec<_> = (0..4)
+        .map(|i| fleet.node(i, ports[i], &peers, &[]))
+        .collect();
+    let files = Arc::new(fleet.files.clone());
+    let (_, readers) = read_at_once(
+        nodes.iter().map(|n| n.mnt.clone()).collect(),
+        &files,
+        Duration::ZERO,
+    );
+    for r in readers {
+        assert_eq!(r.join().unwrap(), Vec::<String>::new(), "wrong bytes read");
+    }
+    let stats: Vec<_> = nodes.into_iter().map(|n| n.stop()).collect();
+    let origin: u64 = stats
+        .iter()
+        .map(|s| counter(s, "store_bytes_fetched"))
+        .sum();
+    let forwarded: u64 = stats.iter().map(|s| peer_counter(s, "forwarded")).sum();
+    let size = fleet.version_bytes();
+    assert!(
+        origin * 10 <= size * 13,
+        "{origin} B from the store for a {size} B version"
+    );
+    assert!(forwarded > 0, "no secondary owner passed a request on");
+}
