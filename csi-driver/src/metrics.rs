@@ -85,6 +85,9 @@ impl Metrics {
         registry.register(Box::new(publish_errors.clone()))?;
         registry.register(Box::new(unpublish_errors.clone()))?;
         registry.register(Box::new(MountCollector::new(mount)?))?;
+        registry.register(Box::new(build_info()?))?;
+        // The success series exists from the start (rate() and the dashboard see it at once).
+        publish_seconds.with_label_values(&["OK"]);
         Ok(Metrics {
             registry,
             fuse_mounts,
@@ -143,6 +146,21 @@ impl Metrics {
         }
         String::from_utf8_lossy(&out).into_owned()
     }
+}
+
+/// `sealed_csi_build_info{version,git_commit,rustc} 1`: what built this plugin.
+fn build_info() -> Result<prometheus::IntGaugeVec, prometheus::Error> {
+    use sealed_service::build::{BuildInfo, LABELS};
+    let g = prometheus::IntGaugeVec::new(
+        Opts::new(
+            "sealed_csi_build_info",
+            "1, labelled with the version, git commit and compiler that built the node plugin",
+        ),
+        &LABELS,
+    )?;
+    g.with_label_values(&BuildInfo::of(env!("CARGO_PKG_VERSION")).label_values())
+        .set(1);
+    Ok(g)
 }
 
 /// `PermissionDenied`, `Unavailable`, … as gRPC names them.

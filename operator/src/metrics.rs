@@ -1,6 +1,7 @@
 //! Prometheus metrics of the operator, served on `/metrics`.
 
-use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use sealed_service::build::{BuildInfo, LABELS};
 
 pub struct Metrics {
     pub registry: Registry,
@@ -19,6 +20,8 @@ pub struct Metrics {
     pub gc_bytes_freed: IntCounter,
     pub gc_chunks_deleted: IntCounter,
     pub leader: IntGauge,
+    /// 1, labelled with what built this binary (version, git commit, compiler).
+    pub build_info: IntGaugeVec,
 }
 
 impl Metrics {
@@ -97,8 +100,26 @@ impl Metrics {
                 "Unreferenced chunks deleted by garbage collection",
             ),
             leader: gauge("leader", "1 while this replica holds the leader lease"),
+            build_info: build_info(&registry),
             registry,
         }
+        .with_known_series()
+    }
+
+    /// Sets the label values every operator reports to 0, so their series exist from the
+    /// start: `rate()` and alerts see the first increase, and the dashboard test finds them.
+    fn with_known_series(self) -> Self {
+        for kind in ["SealedVolume", "SealedVolumeVersion"] {
+            for result in ["ok", "error", "panic"] {
+                self.reconciles.with_label_values(&[kind, result]);
+            }
+            self.reconcile_panics.with_label_values(&[kind]);
+        }
+        self.syncs_finished.with_label_values(&["Succeeded"]);
+        for result in ["ok", "skipped", "error"] {
+            self.gc_runs.with_label_values(&[result]);
+        }
+        self
     }
 
     /// The text exposition format.
@@ -110,6 +131,22 @@ impl Metrics {
     }
 }
 
+/// `sealed_operator_build_info{version,git_commit,rustc} 1`.
+fn build_info(registry: &Registry) -> IntGaugeVec {
+    let g = IntGaugeVec::new(
+        Opts::new(
+            "build_info",
+            "1, labelled with the version, git commit and compiler that built the operator",
+        ),
+        &LABELS,
+    )
+    .unwrap_or_else(|e| panic!("metric build_info: {e}"));
+    g.with_label_values(&BuildInfo::of(env!("CARGO_PKG_VERSION")).label_values())
+        .set(1);
+    let _ = registry.register(Box::new(g.clone()));
+    g
+}
+
 impl sealed_service::http::RenderMetrics for Metrics {
     fn render(&self) -> String {
         Metrics::render(self)
@@ -119,5 +156,27 @@ impl sealed_service::http::RenderMetrics for Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn build_info_names_the_version_and_compiler() {
+        let text = super::Metrics::new().render();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("sealed_operator_build_info{"))
+            .unwrap_or_else(|| panic!("no build_info in:\n{text}"));
+        assert!(line.ends_with(" 1"), "{line}");
+        let version = concat!("version=\"", env!("CARGO_PKG_VERSION"), "\"");
+        assert!(line.contains(version), "{line}");
+        assert!(line.contains("rustc=\"rustc "), "{line}");
+        assert!(line.contains("git_commit=\""), "{line}");
+        // Known label values exist before anything happened.
+        assert!(
+            text.contains("sealed_operator_gc_runs_total{result=\"error\"} 0"),
+            "{text}"
+        );
     }
 }
