@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The fleet benchmark: N nodes (hack/fleet.sh) cold-read the same version at the same moment,
+# with the peer tier and without it, for N = 1, 2, 4, 8. Per node: seconds to read every file,
+# bytes from the origin (the mount's store_bytes_fetched: every byte the store returned),
+# bytes from peers, bytes served to peers (owner load).
+#
+#   hack/bench-fleet.sh                  # 1 GiB version; CSV to docs/benchmarks/fleet.csv
+#   BENCH_MIB=256 BENCH_NS="1 4" hack/bench-fleet.sh
+#   hack/plot-fleet.py                   # docs/benchmarks/fleet.csv -> docs/benchmarks/fleet.png
+#
+# Env: BENCH_MIB (1024), BENCH_NS ("1 2 4 8"), BENCH_MODES ("peer origin-only"),
+# BENCH_CSV (docs/benchmarks/fleet.csv), FLEET_* as hack/fleet.sh reads them.
+set -euo pipefail
+HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+MIB=${BENCH_MIB:-1024}
+NS=${BENCH_NS:-1 2 4 8}
+MODES=${BENCH_MODES:-peer origin-only}
+CSV=${BENCH_CSV:-$HACK/../docs/benchmarks/fleet.csv}
+export FLEET_DIR=${FLEET_DIR:-/tmp/sealed-fleet-bench}
+
+log() { printf '[bench-fleet] %s\n' "$*" >&2; }
+trap '"$HACK/fleet.sh" down >/dev/null 2>&1 || true' EXIT
+
+rm -rf --one-file-system "$FLEET_DIR"
+echo "mode,nodes,node,seconds,bytes_read,origin_bytes,peer_bytes,served_bytes,read_errors,peer_corrupt,version_bytes" >"$CSV"
+for mode in $MODES; do
+  for n in $NS; do
+    log "$mode: $n nodes, $MIB MiB"
+    FLEET_PEERS=$([[ $mode == peer ]] && echo 1 || echo 0) "$HACK/fleet.sh" up "$n" "$MIB"
+    "$HACK/fleet.sh" read >"$FLEET_DIR/times"
+    "$HACK/fleet.sh" down
+    version=$(du -sb "$FLEET_DIR/src" | cut -f1)
+    while read -r node seconds bytes; do
+      python3 - "$FLEET_DIR/$node/stats.json" "$mode,$n,$node,$seconds,$bytes" "$version" >>"$CSV" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+peer = s.get("peer", {})
+print(",".join([sys.argv[2], str(s["store_bytes_fetched"]), str(s["peer_bytes_fetched"]),
+                str(peer.get("served_bytes", 0)), str(s["read_errors"]), str(s["peer_corrupt"]),
+                sys.argv[3]]))
+PY
+    done <"$FLEET_DIR/times"
+  done
+done
+log "wrote $CSV"
+python3 - "$CSV" <<'PY'
+import csv, sys, collections
+rows = list(csv.DictReader(open(sys.argv[1])))
+runs = collections.OrderedDict()
+for r in rows:
+    runs.setdefault((r["mode"], int(r["nodes"])), []).append(r)
+print("| mode | N | origin bytes / version | slowest node s | mean node s | max served / mean served |")
+print("|---|---|---|---|---|---|")
+for (mode, n), rs in runs.items():
+    v = int(rs[0]["version_bytes"])
+    origin = sum(int(r["origin_bytes"]) for r in rs)
+    secs = [float(r["seconds"]) for r in rs]
+    served = [int(r["served_bytes"]) for r in rs]
+    load = (max(served) / (sum(served) / len(served))) if sum(served) else 0
+    print(f"| {mode} | {n} | {origin / v:.2f}× | {max(secs):.1f} | {sum(secs)/len(secs):.1f} | "
+          f"{load:.2f} |")
+PY

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# A fleet of N "nodes" on this machine: N `sealed mount` processes of one version, each with
+# its own cache dir and peer port, over one S3-compatible origin (s3s-fs) reached through
+# toxiproxy with 25 ms of latency each way, as a bucket in another zone would be.
+#
+#   hack/fleet.sh up [N] [MIB]   # N nodes (default 4) mounting a fresh MIB-MiB version (default 1024)
+#   hack/fleet.sh read           # every node reads every file at once; per-node seconds on stdout
+#   hack/fleet.sh down           # unmount; per-node counters (JSON) land in $FLEET_DIR/node-*/stats.json
+#
+# Env: FLEET_DIR (default /tmp/sealed-fleet), SEALED (the binary; default the debug build in
+# $CARGO_TARGET_DIR), FLEET_LATENCY_MS (25), FLEET_PEERS=0 (nodes without the peer tier: the
+# baseline), FLEET_FANOUT (64). Membership is the file $FLEET_DIR/peers, re-read every second
+# by each node: edit it to move nodes in or out. (The node plugin takes its membership from
+# the EndpointSlices of its headless Service instead; see docs/peer.md.)
+# Needs root and /dev/fuse; the tools come from hack/build-test-tools.sh.
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+
+W=${FLEET_DIR:-/tmp/sealed-fleet}
+SEALED=${SEALED:-${CARGO_TARGET_DIR:-$HACK_DIR/../target}/debug/sealed}
+LATENCY=${FLEET_LATENCY_MS:-25}
+BUCKET=fleet
+S3_PORT=${FLEET_S3_PORT:-39611}
+PROXY_PORT=${FLEET_PROXY_PORT:-39612}
+TOXI_PORT=${FLEET_TOXI_PORT:-39613}
+PEER_BASE=${FLEET_PEER_BASE:-39700}
+
+export PATH="$("$HACK_DIR/build-test-tools.sh"):$PATH"
+export AWS_ACCESS_KEY_ID=fleet AWS_SECRET_ACCESS_KEY=fleetsecret SEALED_STORE_REGION=us-east-1
+export SEALED_STORE="s3://$BUCKET"
+
+nodes() { find "$W" -maxdepth 1 -name 'node-*' -type d 2>/dev/null | sort -V; }
+
+up() {
+  local n=${1:-4} mib=${2:-1024} i
+  [[ $(id -u) -eq 0 && -e /dev/fuse ]] || die "needs root and /dev/fuse"
+  [[ -x $SEALED ]] || die "$SEALED missing: cargo build -p sealed-cli"
+  [[ -e $W/pids ]] && die "a fleet is up in $W: hack/fleet.sh down first"
+  mkdir -p "$W/s3/$BUCKET" "$W/src"
+  : >"$W/pids"
+  s3s-fs --host 127.0.0.1 --port "$S3_PORT" --access-key "$AWS_ACCESS_KEY_ID" \
+    --secret-key "$AWS_SECRET_ACCESS_KEY" "$W/s3" >"$W/s3s-fs.log" 2>&1 &
+  echo $! >>"$W/pids"
+  toxiproxy-server -host 127.0.0.1 -port "$TOXI_PORT" >"$W/toxiproxy.log" 2>&1 &
+  echo $! >>"$W/pids"
+  for _ in $(seq 50); do
+    toxiproxy-cli -h "127.0.0.1:$TOXI_PORT" list >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  toxiproxy-cli -h "127.0.0.1:$TOXI_PORT" create -l "127.0.0.1:$PROXY_PORT" \
+    -u "127.0.0.1:$S3_PORT" origin >/dev/null
+  toxiproxy-cli -h "127.0.0.1:$TOXI_PORT" toxic add -t latency -a "latency=$LATENCY" \
+    -n down origin >/dev/null
+  toxiproxy-cli -h "127.0.0.1:$TOXI_PORT" toxic add -t latency -a "latency=$LATENCY" \
+    -u -n up origin >/dev/null
+  if [[ ! -e $W/digest ]]; then
+    log "a $mib MiB version (4 files of random bytes)"
+    for i in 0 1 2 3; do
+      head -c $((mib / 4))M /dev/urandom >"$W/src/model-0$i.safetensors"
+    done
+    # Pushed straight to s3s-fs: only the nodes' reads pay the latency.
+    SEALED_STORE_ENDPOINT="http://127.0.0.1:$S3_PORT" "$SEALED" push "$W/src" >"$W/digest"
+  fi
+  openssl rand -hex 24 >"$W/token"
+  rm -rf --one-file-system "$W"/node-*
+  : >"$W/peers"
+  for ((i = 0; i < n; i++)); do echo "127.0.0.1:$((PEER_BASE + i))" >>"$W/peers"; done
+  local digest peer_flags=()
+  digest=$(cat "$W/digest")
+  for ((i = 0; i < n; i++)); do
+    local d=$W/node-$i
+    rm -rf "$d" && mkdir -p "$d/mnt"
+    if [[ ${FLEET_PEERS:-1} == 1 ]]; then
+      peer_flags=(--peers-file "$W/peers" --peer-listen "127.0.0.1:$((PEER_BASE + i))"
+        --peer-token-file "$W/token" --peer-fanout "${FLEET_FANOUT:-64}")
+    fi
+    SEALED_STORE_ENDPOINT="http://127.0.0.1:$PROXY_PORT" SEALED_LOG=${SEALED_LOG:-warn} \
+      "$SEALED" -o json mount "$digest" "$d/mnt" --cache-dir "$d/cache" --cache-size 4Gi \
+      "${peer_flags[@]}" >"$d/stats.json" 2>"$d/log" &
+    echo $! >"$d/pid"
+  done
+  for d in $(nodes); do
+    for _ in $(seq 300); do mountpoint -q "$d/mnt" && break; sleep 0.1; done
+    mountpoint -q "$d/mnt" || { cat "$d/log" >&2; die "$d did not mount"; }
+  done
+  log "fleet up: $n nodes in $W, version $digest"
+}
+
+# Every node reads every file once, all at the same moment: "node seconds bytes" lines.
+read_all() {
+  local d start
+  for d in $(nodes); do
+    (
+      start=$(date +%s.%N)
+      bytes=$(cat "$d"/mnt/*.safetensors | wc -c)
+      echo "$(basename "$d") $(echo "$(date +%s.%N) - $start" | bc) $bytes"
+    ) &
+  done
+  wait
+}
+
+down() {
+  local d p
+  for d in $(nodes); do
+    [[ -e $d/pid ]] && kill -TERM "$(cat "$d/pid")" 2>/dev/null || true
+  done
+  for d in $(nodes); do
+    if [[ -e $d/pid ]]; then
+      p=$(cat "$d/pid")
+      for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+      rm -f "$d/pid"
+    fi
+    umount -l "$d/mnt" 2>/dev/null || true
+  done
+  if [[ -e $W/pids ]]; then
+    while read -r p; do kill "$p" 2>/dev/null || true; done <"$W/pids"
+    rm -f "$W/pids"
+  fi
+  log "fleet down (counters in $W/node-*/stats.json)"
+}
+
+case ${1:-} in
+  up) shift; up "$@" ;;
+  read) read_all ;;
+  down) down ;;
+  *) die "usage: hack/fleet.sh up [N] [MIB] | read | down" ;;
+esac
