@@ -88,6 +88,19 @@ impl Context {
             .with_context(|| format!("cannot open store {}", self.store_url))
     }
 
+    /// [`Context::open_store`], creating a `file://` store's directory if it is missing
+    /// (a first push starts a store; every other command needs one that exists).
+    pub async fn open_store_for_push(&self) -> anyhow::Result<ChunkStore> {
+        let opts = StoreOptions {
+            create: self.store_url.starts_with("file://") || self.store_options.create,
+            ..self.store_options.clone()
+        };
+        opts.validate()?;
+        ChunkStore::open(&self.store_url, &opts)
+            .await
+            .with_context(|| format!("cannot open store {}", self.store_url))
+    }
+
     pub fn json(&self) -> bool {
         self.output == OutputFormat::Json
     }

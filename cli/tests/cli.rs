@@ -119,12 +119,14 @@ fn bad_digests_are_named() {
 fn missing_store_is_named() {
     let env = Env::new();
     let src = env.sample();
+    // Every command but push (which creates a file:// store) needs the store to exist.
     let out = env
         .sealed()
-        .args(["--store", "file:///definitely/not/here", "push"])
-        .arg(&src)
+        .args(["--store", "file:///definitely/not/here", "inspect"])
+        .arg(format!("blake3:{}", "ab".repeat(32)))
         .output()
         .unwrap();
+    assert!(src.is_dir());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(

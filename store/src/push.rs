@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::lease::{WriterLease, with_writer_lease};
 use crate::manifest::{ChunkRef, EntryKind, Manifest};
 use crate::progress::{Phase, Progress};
-use crate::scan::{ScanOptions, ScannedTree, ensure_unchanged, scan};
+use crate::scan::{FollowSymlinks, PathFilter, ScanOptions, ScannedTree, ensure_unchanged, scan};
 use crate::store::{ChunkStore, validate_volume_name};
 use crate::upload::{ChunkSender, UploadStats, Uploader};
 
@@ -32,6 +32,10 @@ pub struct PushOptions {
     /// Record the version under this volume name (`ns/name`).
     pub volume: Option<String>,
     pub params: ChunkParams,
+    /// Seal symlinks' targets instead of the links ([`FollowSymlinks`]).
+    pub follow_symlinks: Option<FollowSymlinks>,
+    /// Which paths to seal.
+    pub filter: PathFilter,
 }
 
 impl Default for PushOptions {
@@ -41,6 +45,8 @@ impl Default for PushOptions {
             concurrency: 16,
             volume: None,
             params: ChunkParams::default(),
+            follow_symlinks: None,
+            filter: PathFilter::default(),
         }
     }
 }
@@ -176,6 +182,8 @@ async fn scan_blocking(
     let params = opts.params.clone();
     let scan_opts = ScanOptions {
         threads: opts.threads,
+        follow_symlinks: opts.follow_symlinks.clone(),
+        filter: opts.filter.clone(),
     };
     tokio::task::spawn_blocking(move || {
         let sink = |chunk: &ChunkRef, bytes: &[u8]| sender.send_blocking(chunk, bytes);

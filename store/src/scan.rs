@@ -36,6 +36,93 @@ pub struct ScannedTree {
 pub struct ScanOptions {
     /// Threads for chunking and hashing; `None` means every core.
     pub threads: Option<usize>,
+    /// Store what symlinks point to instead of the links (a `huggingface-cli download`
+    /// snapshot is links into a blob cache); `None` stores links as links.
+    pub follow_symlinks: Option<FollowSymlinks>,
+    /// Which files (and links) to seal, by their path in the volume.
+    pub filter: PathFilter,
+}
+
+/// How far `--follow-symlinks` may go: a link is followed only when its target lies under
+/// one of `roots` (the pushed directory is always one).
+#[derive(Clone, Debug, Default)]
+pub struct FollowSymlinks {
+    pub roots: Vec<PathBuf>,
+}
+
+/// `--include` / `--exclude` globs over paths in the volume, matched as the operator's
+/// Hugging Face sync matches them (`*` crosses `/`), so a local snapshot filtered the same
+/// way seals the same digest. A directory is kept when a kept entry is inside it.
+#[derive(Clone, Debug, Default)]
+pub struct PathFilter {
+    include: Option<globset::GlobSet>,
+    exclude: Option<globset::GlobSet>,
+}
+
+impl PathFilter {
+    pub fn new(include: &[String], exclude: &[String]) -> Result<Self> {
+        let set = |patterns: &[String], flag: &str| -> Result<Option<globset::GlobSet>> {
+            if patterns.is_empty() {
+                return Ok(None);
+            }
+            let mut b = globset::GlobSetBuilder::new();
+            for p in patterns {
+                let glob = globset::GlobBuilder::new(p)
+                    .literal_separator(false)
+                    .build()
+                    .map_err(|e| Error::Other(format!("{flag} {p:?}: {e}")))?;
+                b.add(glob);
+            }
+            b.build()
+                .map(Some)
+                .map_err(|e| Error::Other(format!("{flag}: {e}")))
+        };
+        Ok(PathFilter {
+            include: set(include, "--include")?,
+            exclude: set(exclude, "--exclude")?,
+        })
+    }
+
+    fn is_active(&self) -> bool {
+        self.include.is_some() || self.exclude.is_some()
+    }
+
+    pub fn keeps(&self, path: &str) -> bool {
+        self.include.as_ref().is_none_or(|s| s.is_match(path))
+            && !self.exclude.as_ref().is_some_and(|s| s.is_match(path))
+    }
+
+    /// Keeps the files and links that match and the directories that hold one of them.
+    fn apply(&self, entries: &mut Vec<Entry>, files: &mut Vec<FileSource>) {
+        if !self.is_active() {
+            return;
+        }
+        files.retain(|f| self.keeps(&f.rel));
+        entries.retain(|e| matches!(e.kind, EntryKind::Dir) || self.keeps(&e.path));
+        let mut held = std::collections::HashSet::new();
+        let leaves = entries
+            .iter()
+            .filter(|e| !matches!(e.kind, EntryKind::Dir))
+            .map(|e| e.path.as_str())
+            .chain(files.iter().map(|f| f.rel.as_str()));
+        for path in leaves {
+            let mut p = path;
+            while let Some((parent, _)) = p.rsplit_once('/') {
+                if !held.insert(parent.to_owned()) {
+                    break;
+                }
+                p = parent;
+            }
+        }
+        entries.retain(|e| !matches!(e.kind, EntryKind::Dir) || held.contains(&e.path));
+    }
+}
+
+/// What a walk carries down: the follow policy and the directories above (by device and
+/// inode), so a followed link back up the tree is a loop, not an endless walk.
+struct Walk<'a> {
+    follow: Option<&'a [PathBuf]>,
+    ancestors: Vec<(u64, u64)>,
 }
 
 /// Walks `root` and chunks every file. `on_bytes` is told of bytes read.
@@ -54,7 +141,22 @@ pub fn scan(
     }
     let mut entries = Vec::new();
     let mut files = Vec::new();
-    walk(root, "", &mut entries, &mut files)?;
+    let roots = match &opts.follow_symlinks {
+        Some(f) => Some(follow_roots(root, &f.roots)?),
+        None => None,
+    };
+    let mut w = Walk {
+        follow: roots.as_deref(),
+        ancestors: vec![(meta.dev(), meta.ino())],
+    };
+    walk(&mut w, root, "", &mut entries, &mut files)?;
+    opts.filter.apply(&mut entries, &mut files);
+    if entries.is_empty() && files.is_empty() && opts.filter.is_active() {
+        return Err(Error::bad_input(
+            root,
+            "no file matches --include/--exclude: nothing to seal",
+        ));
+    }
     // Before any file is read: a tree whose links leave it is refused at once.
     resolve_symlinks(&entries).map_err(|e| Error::bad_input(root.join(&e.link), e.to_string()))?;
     on_total(files.iter().map(|f: &FileSource| f.size).sum());
@@ -85,7 +187,30 @@ pub fn scan(
     Ok(ScannedTree { manifest, sources })
 }
 
+/// The canonical roots a followed link may point into: the pushed directory, the blob cache
+/// of a Hugging Face snapshot (`REPO/snapshots/REV` links into `REPO/blobs`), and `extra`.
+fn follow_roots(root: &Path, extra: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let canon = |p: &Path| fs::canonicalize(p).map_err(|e| Error::io(p, e));
+    let root = canon(root)?;
+    let mut roots = vec![root.clone()];
+    if let Some(repo) = root
+        .parent()
+        .filter(|p| p.ends_with("snapshots"))
+        .and_then(Path::parent)
+    {
+        let blobs = repo.join("blobs");
+        if blobs.is_dir() {
+            roots.push(canon(&blobs)?);
+        }
+    }
+    for r in extra {
+        roots.push(canon(r)?);
+    }
+    Ok(roots)
+}
+
 fn walk(
+    w: &mut Walk<'_>,
     dir: &Path,
     rel_dir: &str,
     entries: &mut Vec<Entry>,
@@ -111,14 +236,30 @@ fn walk(
             format!("{rel_dir}/{name}")
         };
         validate_path(&rel).map_err(|e| Error::bad_input(&path, e.to_string()))?;
-        let meta = fs::symlink_metadata(&path).map_err(|e| Error::io(&path, e))?;
+        let mut path = path;
+        let mut meta = fs::symlink_metadata(&path).map_err(|e| Error::io(&path, e))?;
+        if meta.file_type().is_symlink()
+            && let Some(roots) = w.follow
+        {
+            path = followed(&path, roots)?;
+            meta = fs::metadata(&path).map_err(|e| Error::io(&path, e))?;
+        }
         let ft = meta.file_type();
         if ft.is_dir() {
+            let id = (meta.dev(), meta.ino());
+            if w.ancestors.contains(&id) {
+                return Err(Error::bad_input(
+                    &path,
+                    format!("'{rel}' leads back to a directory above it (a symlink loop)"),
+                ));
+            }
             entries.push(Entry {
                 path: rel.clone(),
                 kind: EntryKind::Dir,
             });
-            walk(&path, &rel, entries, files)?;
+            w.ancestors.push(id);
+            walk(w, &path, &rel, entries, files)?;
+            w.ancestors.pop();
         } else if ft.is_file() {
             files.push(FileSource {
                 path,
@@ -132,8 +273,14 @@ fn walk(
             let target = target
                 .to_str()
                 .ok_or_else(|| Error::bad_input(&path, "symlink target is not valid UTF-8"))?;
-            validate_symlink_target(&rel, target)
-                .map_err(|e| Error::bad_input(&path, e.to_string()))?;
+            validate_symlink_target(&rel, target).map_err(|e| {
+                Error::bad_input(
+                    &path,
+                    format!(
+                        "{e} (to seal the target's bytes instead, push with --follow-symlinks)"
+                    ),
+                )
+            })?;
             entries.push(Entry {
                 path: rel,
                 kind: EntryKind::Symlink {
@@ -157,6 +304,38 @@ fn walk(
         }
     }
     Ok(())
+}
+
+/// Where the link at `link` finally points, when that is under one of `roots`: a dangling
+/// link, a loop, or a target outside the roots is refused (with `--follow-symlinks` the
+/// target's bytes are sealed, so a link to /etc would publish /etc).
+fn followed(link: &Path, roots: &[PathBuf]) -> Result<PathBuf> {
+    let target = fs::canonicalize(link).map_err(|e| {
+        let why = if e.raw_os_error() == Some(libc::ELOOP) {
+            "is a symlink loop".to_owned()
+        } else if e.kind() == std::io::ErrorKind::NotFound {
+            "is a dangling symlink: its target does not exist".to_owned()
+        } else {
+            format!("cannot be followed: {e}")
+        };
+        Error::bad_input(link, why)
+    })?;
+    if !roots.iter().any(|r| target.starts_with(r)) {
+        return Err(Error::bad_input(
+            link,
+            format!(
+                "points to {}, outside the pushed directory{}: with --follow-symlinks only \
+                 targets under an allowed root are read (add one with --allow-root DIR)",
+                target.display(),
+                if roots.len() > 1 {
+                    " and the allowed roots"
+                } else {
+                    ""
+                }
+            ),
+        ));
+    }
+    Ok(target)
 }
 
 /// Resolves every symlink through the others, as the kernel would inside the mount or a

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use clap::Args;
 use sealed_store::push::{PushOptions, push};
+use sealed_store::scan::{FollowSymlinks, PathFilter};
 
 use crate::context::Context;
 use crate::output::{Bars, bytes, print_json};
@@ -21,14 +22,35 @@ pub struct PushArgs {
     /// Uploads in flight at once
     #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
+    /// Seal what symlinks point to instead of the links (a `huggingface-cli download`
+    /// snapshot: links into its blobs/ directory, which is allowed); a link that dangles,
+    /// loops or leaves the allowed roots is refused
+    #[arg(long)]
+    pub follow_symlinks: bool,
+    /// With --follow-symlinks, also allow targets under DIR (repeatable)
+    #[arg(long, value_name = "DIR", requires = "follow_symlinks")]
+    pub allow_root: Vec<PathBuf>,
+    /// Seal only paths matching GLOB (repeatable; `*` crosses `/`, as the operator's
+    /// Hugging Face sync matches)
+    #[arg(long, value_name = "GLOB")]
+    pub include: Vec<String>,
+    /// Leave out paths matching GLOB (repeatable)
+    #[arg(long, value_name = "GLOB")]
+    pub exclude: Vec<String>,
 }
 
 pub async fn run(ctx: &Context, args: PushArgs) -> anyhow::Result<ExitCode> {
-    let store = ctx.open_store().await?;
+    let filter = PathFilter::new(&args.include, &args.exclude)?;
+    // A push may create a file:// store, as the default one is created.
+    let store = ctx.open_store_for_push().await?;
     let opts = PushOptions {
         threads: args.threads,
         concurrency: args.concurrency,
         volume: args.volume,
+        follow_symlinks: args.follow_symlinks.then_some(FollowSymlinks {
+            roots: args.allow_root,
+        }),
+        filter,
         ..Default::default()
     };
     let bars = Arc::new(Bars::new(ctx.progress));
