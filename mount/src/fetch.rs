@@ -26,7 +26,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use crate::breaker::{Admission, Breakers};
 use crate::cache::{DiskCache, MemoryCache};
 use crate::error::{FetchError, MountError};
-use crate::metrics::MountMetrics;
+use crate::metrics::{MountMetrics, Tier};
 use crate::peer::{PeerTier, Route};
 use crate::readahead::ReadaheadBudget;
 
@@ -135,6 +135,7 @@ struct Inner {
     writes_done: Notify,
     /// Other nodes' caches, asked between the disk and the store (`crate::peer`).
     peers: OnceLock<Arc<dyn PeerTier>>,
+    assembling: Mutex<std::collections::HashSet<Digest>>,
 }
 
 /// The node's cache tiers and fetch machinery. Cheap to clone.
@@ -162,6 +163,7 @@ impl NodeCache {
                 pending_writes: AtomicU64::new(0),
                 writes_done: Notify::new(),
                 peers: OnceLock::new(),
+                assembling: Mutex::new(std::collections::HashSet::new()),
             }),
         })
     }
@@ -190,6 +192,38 @@ impl NodeCache {
         }
         let data = self
             .flight(store, chunk, false, None, Route::OriginOnly)
+            .await?;
+        self.checked_len(chunk, data)
+    }
+
+    /// The disk tier, if this cache has one (hydrated files live there).
+    pub(crate) fn disk(&self) -> Option<&DiskCache> {
+        self.inner.disk.as_ref()
+    }
+
+    /// Assemblies of whole files under way (`crate::hydrate`), by file BLAKE3.
+    pub(crate) fn assembling(&self) -> &Mutex<std::collections::HashSet<Digest>> {
+        &self.inner.assembling
+    }
+
+    /// True if the chunk is on disk, in memory or being fetched: an assembly of its file
+    /// would not have to wait on the store for it.
+    pub(crate) fn is_local_or_coming(&self, digest: &Digest) -> bool {
+        self.is_hot(digest) || self.inner.disk.as_ref().is_some_and(|d| d.contains(digest))
+    }
+
+    /// The verified bytes of a chunk for assembling its file: memory, disk, then the store
+    /// (joining a flight in flight), without filling memory.
+    pub(crate) async fn get_for_assembly(
+        &self,
+        store: &ChunkStore,
+        chunk: &ChunkRef,
+    ) -> Result<Bytes, FetchError> {
+        if let Some(data) = self.inner.memory.get(&chunk.digest) {
+            return self.checked_len(chunk, data);
+        }
+        let data = self
+            .flight(store, chunk, false, None, Route::PeersThenOrigin)
             .await?;
         self.checked_len(chunk, data)
     }
@@ -261,8 +295,10 @@ impl NodeCache {
     ) -> Result<Bytes, FetchError> {
         let digest = &chunk.digest;
         let metrics = &self.inner.metrics;
+        let started = Instant::now();
         if let Some(data) = self.inner.memory.get(digest) {
             MountMetrics::inc(&metrics.memory_hits);
+            metrics.observe_fetch(Tier::Memory, started.elapsed());
             return self.checked_len(chunk, data);
         }
         MountMetrics::inc(&metrics.memory_misses);
@@ -409,6 +445,7 @@ impl NodeCache {
         let digest = &chunk.digest;
         let metrics = &self.inner.metrics;
         if self.inner.disk.is_some() {
+            let started = Instant::now();
             let this = self.clone();
             let d = *digest;
             let hit = tokio::task::spawn_blocking(move || {
@@ -419,18 +456,23 @@ impl NodeCache {
             .flatten();
             if let Some(data) = hit {
                 MountMetrics::inc(&metrics.disk_hits);
+                metrics.observe_fetch(Tier::Disk, started.elapsed());
                 return Ok((data, false));
             }
             MountMetrics::inc(&metrics.disk_misses);
         }
+        let peer_started = Instant::now();
         if route == Route::PeersThenOrigin
             && let Some(peers) = self.inner.peers.get()
             && let Some(data) = self.fetch_from_peer(peers.as_ref(), chunk).await
         {
+            metrics.observe_fetch(Tier::Peer, peer_started.elapsed());
             return Ok((data, self.inner.disk.is_some()));
         }
         let _gauge = InFlight::new(metrics, u64::from(chunk.len));
+        let origin_started = Instant::now();
         let data = self.fetch_from_store(store, digest).await?;
+        metrics.observe_fetch(Tier::Origin, origin_started.elapsed());
         Ok((data, self.inner.disk.is_some()))
     }
 

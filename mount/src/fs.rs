@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use parking_lot::Mutex;
-use sealed_store::{ChunkRef, ChunkStore, Digest};
+use sealed_store::{ChunkRef, ChunkStore, Digest, FileEntry};
 use tokio::sync::Semaphore;
 
 use crate::error::{FetchError, FsError};
@@ -64,6 +64,12 @@ impl SealedFs {
         readahead: ReadaheadPolicy,
     ) -> SealedFs {
         let (fetches_per_read, per_mount) = MountLimits::default().fetch_bounds();
+        // Files assembled on this node by earlier mounts serve their chunks from now on.
+        if let Some(disk) = cache.disk() {
+            for (_, file) in tree.files() {
+                disk.register(file);
+            }
+        }
         SealedFs {
             digest,
             tree,
@@ -200,6 +206,41 @@ impl SealedFs {
 
     pub fn release(&self, fh: u64) {
         self.handles.lock().remove(&fh);
+    }
+
+    /// A handle of `ino` was released: if every chunk of the file is on the node now, it is
+    /// assembled into a hydrated file in the background (`crate::hydrate`). Needs a tokio
+    /// runtime context.
+    pub fn released(&self, ino: u64) {
+        if let Some(file) = self.file_entry(ino) {
+            crate::hydrate::spawn_if_ready(&self.cache, &self.store, file);
+        }
+    }
+
+    /// The manifest entry of file `ino`.
+    pub fn file_entry(&self, ino: u64) -> Option<&FileEntry> {
+        match &self.tree.slot(ino)?.node {
+            Node::File { file, .. } => Some(file),
+            _ => None,
+        }
+    }
+
+    /// True if file `ino` has a complete, verified copy in the node disk cache.
+    pub fn is_hydrated(&self, ino: u64) -> bool {
+        self.file_entry(ino)
+            .is_some_and(|f| crate::hydrate::is_hydrated(&self.cache, f))
+    }
+
+    /// The complete copy of file `ino` on disk and its cache key, if it is hydrated.
+    pub(crate) fn hydrated_copy(
+        &self,
+        ino: u64,
+    ) -> Option<(std::path::PathBuf, crate::cache::Key)> {
+        let file = self.file_entry(ino)?;
+        if file.size == 0 {
+            return None;
+        }
+        self.cache.disk()?.whole_file(file)
     }
 
     pub fn statfs(&self) -> StatFs {

@@ -21,6 +21,7 @@ use tokio::runtime::Handle;
 
 use crate::error::FsError;
 use crate::fs::SealedFs;
+use crate::passthrough::Passthrough;
 use crate::tree::{Attr, NodeType};
 
 /// "Forever" for the kernel's attribute and entry caches: the data cannot change.
@@ -33,10 +34,17 @@ pub struct FuseAdapter {
     runtime: Handle,
     uid: u32,
     gid: u32,
+    passthrough: Passthrough,
 }
 
 impl FuseAdapter {
     pub fn new(fs: Arc<SealedFs>, runtime: Handle) -> Self {
+        Self::with_passthrough(fs, runtime, true)
+    }
+
+    /// `passthrough`: answer opens of hydrated files with FUSE passthrough where the kernel
+    /// and privileges allow (`crate::passthrough`); false serves every read in the daemon.
+    pub fn with_passthrough(fs: Arc<SealedFs>, runtime: Handle, passthrough: bool) -> Self {
         // SAFETY: getuid/getgid cannot fail and touch no memory.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         FuseAdapter {
@@ -44,6 +52,7 @@ impl FuseAdapter {
             runtime,
             uid,
             gid,
+            passthrough: Passthrough::new(passthrough),
         }
     }
 
@@ -87,6 +96,15 @@ impl Filesystem for FuseAdapter {
         let _ = config.set_congestion_threshold(48);
         let wanted = InitFlags::FUSE_CACHE_SYMLINKS | InitFlags::FUSE_PARALLEL_DIROPS;
         let _ = config.add_capabilities(wanted & config.capabilities());
+        if self.passthrough.wanted() {
+            let offered = config.capabilities().contains(InitFlags::FUSE_PASSTHROUGH);
+            // Backing files on a plain filesystem (stack depth 0) under this one (depth 1).
+            let enabled = offered
+                && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+                && config.set_max_stack_depth(1).is_ok();
+            self.passthrough
+                .set_available(enabled, "the kernel does not offer FUSE_PASSTHROUGH");
+        }
         Ok(())
     }
 
@@ -204,6 +222,9 @@ impl Filesystem for FuseAdapter {
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY
             || flags.0 & (libc::O_TRUNC | libc::O_APPEND) != 0;
         match self.fs.open(ino.0, write) {
+            Ok(fh) if self.fs.tree().kind(ino.0) == Some(NodeType::File) => {
+                self.passthrough.open(&self.fs, ino.0, fh, reply)
+            }
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
             Err(e) => reply.error(errno(&e)),
         }
@@ -247,7 +268,7 @@ impl Filesystem for FuseAdapter {
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
@@ -255,7 +276,10 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         self.fs.release(fh.0);
+        self.passthrough.release(&self.fs, fh.0);
         reply.ok();
+        let _runtime = self.runtime.enter();
+        self.fs.released(ino.0);
     }
 
     fn flush(

@@ -1,7 +1,10 @@
-//! A byte-bounded LRU index keyed by chunk digest, used by both cache tiers.
+//! A byte-bounded LRU index, used by both cache tiers (keyed by chunk digest in memory, by
+//! chunk or assembled file on disk).
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::Hash;
 
+#[cfg(test)]
 use sealed_store::Digest;
 
 struct Slot<V> {
@@ -10,26 +13,26 @@ struct Slot<V> {
     tick: u64,
 }
 
-pub(crate) struct LruIndex<V> {
-    entries: HashMap<Digest, Slot<V>>,
+pub(crate) struct LruIndex<K, V> {
+    entries: HashMap<K, Slot<V>>,
     /// Least recently used first.
-    order: BTreeMap<u64, Digest>,
+    order: BTreeMap<u64, K>,
     tick: u64,
     bytes: u64,
     capacity: u64,
 }
 
 /// What an insert did.
-pub(crate) enum Inserted<V> {
+pub(crate) enum Inserted<K, V> {
     /// Stored; these entries were evicted to make room.
-    Stored(Vec<(Digest, V)>),
+    Stored(Vec<(K, V)>),
     /// Already present (touched; the new value is dropped).
     Present,
     /// Larger than the whole capacity: not stored.
     TooLarge,
 }
 
-impl<V> LruIndex<V> {
+impl<K: Copy + Eq + Hash, V> LruIndex<K, V> {
     pub fn new(capacity: u64) -> Self {
         LruIndex {
             entries: HashMap::new(),
@@ -46,7 +49,7 @@ impl<V> LruIndex<V> {
     }
 
     /// Looks up and marks as most recently used.
-    pub fn get(&mut self, digest: &Digest) -> Option<&V> {
+    pub fn get(&mut self, digest: &K) -> Option<&V> {
         let tick = self.next_tick();
         let slot = self.entries.get_mut(digest)?;
         self.order.remove(&slot.tick);
@@ -55,21 +58,51 @@ impl<V> LruIndex<V> {
         Some(&slot.value)
     }
 
-    pub fn contains(&self, digest: &Digest) -> bool {
+    pub fn contains(&self, digest: &K) -> bool {
         self.entries.contains_key(digest)
     }
 
-    pub fn insert(&mut self, digest: Digest, value: V, len: u64) -> Inserted<V> {
+    pub fn insert(&mut self, digest: K, value: V, len: u64) -> Inserted<K, V> {
+        self.insert_unless(digest, value, len, |_| false)
+    }
+
+    /// [`LruIndex::insert`], never evicting an entry for which `pinned` is true: if the
+    /// unpinned entries cannot make room, nothing is evicted and the entry is `TooLarge`.
+    pub fn insert_unless(
+        &mut self,
+        digest: K,
+        value: V,
+        len: u64,
+        pinned: impl Fn(&K) -> bool,
+    ) -> Inserted<K, V> {
         if self.get(&digest).is_some() {
             return Inserted::Present;
         }
         if len > self.capacity {
             return Inserted::TooLarge;
         }
-        let mut evicted = Vec::new();
-        while self.bytes + len > self.capacity {
-            let Some((_, oldest)) = self.order.pop_first() else {
+        // Victims in LRU order, skipping pinned entries, until the new entry fits.
+        let mut victims = Vec::new();
+        let mut freed = 0u64;
+        for (&tick, key) in &self.order {
+            if self.bytes - freed + len <= self.capacity {
                 break;
+            }
+            if pinned(key) {
+                continue;
+            }
+            if let Some(slot) = self.entries.get(key) {
+                freed += slot.len;
+                victims.push(tick);
+            }
+        }
+        if self.bytes - freed + len > self.capacity {
+            return Inserted::TooLarge;
+        }
+        let mut evicted = Vec::new();
+        for tick in victims {
+            let Some(oldest) = self.order.remove(&tick) else {
+                continue;
             };
             if let Some(slot) = self.entries.remove(&oldest) {
                 self.bytes -= slot.len;
@@ -83,7 +116,7 @@ impl<V> LruIndex<V> {
         Inserted::Stored(evicted)
     }
 
-    pub fn remove(&mut self, digest: &Digest) -> Option<V> {
+    pub fn remove(&mut self, digest: &K) -> Option<V> {
         let slot = self.entries.remove(digest)?;
         self.order.remove(&slot.tick);
         self.bytes -= slot.len;
@@ -97,6 +130,15 @@ impl<V> LruIndex<V> {
     pub fn len(&self) -> usize {
         self.entries.len()
     }
+
+    /// The entry's value, without marking it used.
+    pub fn peek(&self, digest: &K) -> Option<&V> {
+        self.entries.get(digest).map(|slot| &slot.value)
+    }
+
+    pub fn peek_mut(&mut self, digest: &K) -> Option<&mut V> {
+        self.entries.get_mut(digest).map(|slot| &mut slot.value)
+    }
 }
 
 #[cfg(test)]
@@ -104,6 +146,25 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn pinned_entries_are_never_evicted() {
+        let mut lru = LruIndex::new(10);
+        lru.insert(d(1), (), 4);
+        lru.insert(d(2), (), 4);
+        let pinned = d(1);
+        let Inserted::Stored(evicted) = lru.insert_unless(d(3), (), 4, |k| *k == pinned) else {
+            panic!("not stored");
+        };
+        assert_eq!(evicted.len(), 1);
+        assert_eq!(evicted[0].0, d(2));
+        // Only pinned entries left to evict: refused, nothing evicted.
+        assert!(matches!(
+            lru.insert_unless(d(4), (), 8, |_| true),
+            Inserted::TooLarge
+        ));
+        assert!(lru.contains(&d(1)) && lru.contains(&d(3)));
+    }
 
     fn d(i: u32) -> Digest {
         Digest::of(&i.to_le_bytes())

@@ -56,6 +56,93 @@ pub struct MountMetrics {
     pub peer_bytes_fetched: AtomicU64,
     pub peer_fallbacks: AtomicU64,
     pub peer_corrupt: AtomicU64,
+    /// Opens of hydrated files answered with FUSE passthrough (reads never enter the daemon).
+    pub passthrough_opens: AtomicU64,
+    /// Opens of hydrated files served by the daemon because passthrough is unavailable (no
+    /// kernel support, not root, the backing file refused).
+    pub passthrough_fallbacks: AtomicU64,
+    /// Files assembled into the disk cache and checked against their BLAKE3, and assemblies
+    /// that failed (a chunk failed or the whole-file BLAKE3 did not match: nothing kept).
+    pub files_hydrated: AtomicU64,
+    pub hydration_failures: AtomicU64,
+    /// Chunks the model-aware and learned prefetch fetched ahead of readers.
+    pub model_prefetch_chunks: AtomicU64,
+    /// Latency of chunk lookups answered by each tier ([`Tier`]), successful ones only.
+    pub chunk_fetch_seconds: [LatencyHistogram; 4],
+}
+
+/// The tiers a chunk comes from, as the `tier` label of `sealed_chunk_fetch_seconds`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tier {
+    Memory = 0,
+    Disk = 1,
+    Peer = 2,
+    Origin = 3,
+}
+
+impl Tier {
+    pub const ALL: [Tier; 4] = [Tier::Memory, Tier::Disk, Tier::Peer, Tier::Origin];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Tier::Memory => "memory",
+            Tier::Disk => "disk",
+            Tier::Peer => "peer",
+            Tier::Origin => "origin",
+        }
+    }
+}
+
+/// Upper bounds of the latency buckets, seconds (Prometheus `le`; `+Inf` is implied): from
+/// 10 µs (a memory hit) to 10 s (a store timing out).
+pub const LATENCY_BUCKETS: [f64; 16] = [
+    0.00001, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 10.0,
+];
+
+/// A fixed-bucket latency histogram of atomics (no Prometheus dependency here).
+#[derive(Debug, Default)]
+pub struct LatencyHistogram {
+    /// Observations per bucket (not cumulative); the last slot is above every bound.
+    buckets: [AtomicU64; 17],
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+}
+
+/// A copy of a [`LatencyHistogram`]: cumulative counts per bound of [`LATENCY_BUCKETS`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct HistogramSnapshot {
+    pub cumulative: [u64; 16],
+    pub count: u64,
+    pub sum_seconds: f64,
+}
+
+impl LatencyHistogram {
+    pub fn observe(&self, elapsed: Duration) {
+        let secs = elapsed.as_secs_f64();
+        let slot = LATENCY_BUCKETS
+            .iter()
+            .position(|&le| secs <= le)
+            .unwrap_or(LATENCY_BUCKETS.len());
+        self.buckets[slot].fetch_add(1, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> HistogramSnapshot {
+        let mut cumulative = [0u64; 16];
+        let mut total = 0u64;
+        for (i, c) in cumulative.iter_mut().enumerate() {
+            total = total.saturating_add(self.buckets[i].load(Ordering::Relaxed));
+            *c = total;
+        }
+        HistogramSnapshot {
+            cumulative,
+            count: self.count.load(Ordering::Relaxed),
+            sum_seconds: self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9,
+        }
+    }
 }
 
 /// A point-in-time copy of [`MountMetrics`], for printing and tests.
@@ -88,6 +175,11 @@ pub struct MetricsSnapshot {
     pub peer_bytes_fetched: u64,
     pub peer_fallbacks: u64,
     pub peer_corrupt: u64,
+    pub passthrough_opens: u64,
+    pub passthrough_fallbacks: u64,
+    pub files_hydrated: u64,
+    pub hydration_failures: u64,
+    pub model_prefetch_chunks: u64,
 }
 
 impl MountMetrics {
@@ -139,6 +231,20 @@ impl MountMetrics {
             peer_bytes_fetched: g(&self.peer_bytes_fetched),
             peer_fallbacks: g(&self.peer_fallbacks),
             peer_corrupt: g(&self.peer_corrupt),
+            passthrough_opens: g(&self.passthrough_opens),
+            passthrough_fallbacks: g(&self.passthrough_fallbacks),
+            files_hydrated: g(&self.files_hydrated),
+            hydration_failures: g(&self.hydration_failures),
+            model_prefetch_chunks: g(&self.model_prefetch_chunks),
         }
+    }
+
+    /// The chunk-fetch latency histogram of one tier.
+    pub fn chunk_fetch_histogram(&self, tier: Tier) -> HistogramSnapshot {
+        self.chunk_fetch_seconds[tier as usize].snapshot()
+    }
+
+    pub(crate) fn observe_fetch(&self, tier: Tier, elapsed: Duration) {
+        self.chunk_fetch_seconds[tier as usize].observe(elapsed);
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use globset::{Glob, GlobSet, GlobSetBuilder};
-use sealed_store::ChunkRef;
+use sealed_store::{ChunkRef, FileEntry};
 
 use crate::error::MountError;
 use crate::fs::SealedFs;
@@ -77,6 +77,7 @@ pub async fn prefetch(
     };
     let mut report = PrefetchReport::default();
     let mut chunks: Vec<ChunkRef> = Vec::new();
+    let mut files: Vec<FileEntry> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for (ino, file) in fs.tree().files() {
         if let Some(m) = &matcher {
@@ -87,6 +88,7 @@ pub async fn prefetch(
             }
         }
         report.files += 1;
+        files.push(file.clone());
         for c in &file.chunks {
             if seen.insert(c.digest) {
                 chunks.push(*c);
@@ -102,6 +104,12 @@ pub async fn prefetch(
         .collect()
         .await;
     fs.cache().flush().await;
+    // Complete files are assembled for passthrough (`crate::hydrate`).
+    for file in &files {
+        if let Err(e) = crate::hydrate::assemble(fs.cache(), fs.store(), file).await {
+            tracing::warn!(blake3 = %file.blake3, error = %e, "assembling a prefetched file failed");
+        }
+    }
     for (c, r) in results {
         match r {
             Ok(()) => {

@@ -44,6 +44,9 @@ pub struct MountOptions {
     /// Caps on the version's size, checked before mounting, and on the fetches its reads
     /// have in flight.
     pub limits: MountLimits,
+    /// Serve hydrated files by FUSE passthrough where the kernel and privileges allow
+    /// (`crate::passthrough`); false serves every read in the daemon.
+    pub passthrough: bool,
 }
 
 impl Default for MountOptions {
@@ -57,6 +60,7 @@ impl Default for MountOptions {
             kernel_readahead_kb: Some(8192),
             restartable: false,
             limits: MountLimits::default(),
+            passthrough: true,
         }
     }
 }
@@ -341,7 +345,11 @@ fn prepare(
         Tree::build(manifest).map_err(|reason| MountError::BadManifest { digest, reason })?;
     let fs =
         Arc::new(SealedFs::new(digest, tree, store, cache, options.readahead).with_limits(limits));
-    let adapter = FuseAdapter::new(fs.clone(), tokio::runtime::Handle::current());
+    let adapter = FuseAdapter::with_passthrough(
+        fs.clone(),
+        tokio::runtime::Handle::current(),
+        options.passthrough,
+    );
 
     let mut config = Config::default();
     config.mount_options = vec![

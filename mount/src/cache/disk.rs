@@ -1,22 +1,32 @@
-//! The node disk cache: verified chunks as files named by their digest, shared by every mount
-//! on the node, bounded in bytes with LRU eviction, and rebuilt from the directory when the
-//! process restarts.
+//! The node disk cache: verified chunks as files named by their digest, and *hydrated files*
+//! (whole files assembled from verified chunks, named by the file's BLAKE3), shared by every
+//! mount on the node, bounded in bytes together with LRU eviction, and rebuilt from the
+//! directory when the process restarts.
 //!
 //! ```text
 //! <dir>/chunks/<2 hex>/<64 hex>   one verified chunk
-//! <dir>/tmp/                      chunks being written (renamed into place when complete)
+//! <dir>/files/<2 hex>/<64 hex>    one whole file, checked against its BLAKE3 when assembled
+//! <dir>/tmp/                      chunks and files being written (renamed into place when complete)
 //! ```
 //!
-//! Space is reserved (evicting as needed) before a chunk is written, so the files under
-//! `chunks/` and `tmp/` never add up to more than the bound. A file's mtime is its last use,
-//! so the LRU order survives a restart. Every read is verified again: a chunk damaged on disk
-//! is deleted and refetched, never served.
+//! An assembled file *is* the cache of its chunks: once it is in place, the chunk files it was
+//! assembled from are deleted and those chunks are read from the file (at their offset,
+//! verified again), so no byte is held twice. Chunks and files share one byte bound and one
+//! LRU order. An entry can be pinned (a file served by FUSE passthrough while it is open):
+//! eviction skips pinned entries.
+//!
+//! Space is reserved (evicting as needed) before a chunk or file is written, so the files
+//! under `chunks/`, `files/` and `tmp/` never add up to more than the bound. A file's mtime is
+//! its last use, so the LRU order survives a restart. Every chunk read is verified again: a
+//! chunk damaged on disk is deleted and refetched, never served.
 //!
 //! Several processes may share a directory; each keeps its own index, so the bound then holds
 //! per process. The CSI node plugin runs every mount in one process.
 
+use std::collections::HashMap;
 use std::fs;
 use std::io::{ErrorKind, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,25 +34,53 @@ use std::time::SystemTime;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use sealed_store::Digest;
+use sealed_store::{Digest, FileEntry};
 
 use crate::error::MountError;
 use crate::lru::{Inserted, LruIndex};
 use crate::metrics::MountMetrics;
 
+/// What the disk cache holds: a chunk by its digest, or a whole file by its BLAKE3.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Key {
+    Chunk(Digest),
+    File(Digest),
+}
+
+/// An entry of the index. A file is `ready` once assembled, verified and renamed into place;
+/// before that its bytes are reserved but nothing is served from it.
+#[derive(Clone, Copy, Debug)]
+enum Held {
+    Chunk,
+    File { ready: bool },
+}
+
+/// Where a chunk held inside an assembled file is.
+#[derive(Clone, Copy, Debug)]
+struct Located {
+    file: Digest,
+    offset: u64,
+    len: u32,
+}
+
 pub struct DiskCache {
     dir: PathBuf,
-    index: Mutex<LruIndex<()>>,
+    index: Mutex<LruIndex<Key, Held>>,
     metrics: Arc<MountMetrics>,
     tmp_seq: AtomicU64,
     /// Held for a whole `put`: an entry evicted while another thread was still writing it
     /// could otherwise land on disk after its eviction and push the files over the bound.
     writer: Mutex<()>,
+    /// Chunks read from assembled files, filled when a mount registers a file that is
+    /// assembled (the chunk lists are the manifests', not on disk).
+    located: Mutex<HashMap<Digest, Located>>,
+    /// Entries eviction must skip, with how many holders each has.
+    pins: Mutex<HashMap<Key, u32>>,
 }
 
 impl DiskCache {
     /// Opens (creating if needed) the cache at `dir`, bounded by `capacity` bytes. Existing
-    /// chunks are indexed by last use; any over the bound are evicted now.
+    /// chunks and files are indexed by last use; any over the bound are evicted now.
     pub fn open(
         dir: &Path,
         capacity: u64,
@@ -52,66 +90,99 @@ impl DiskCache {
             path: path.to_path_buf(),
             source,
         };
-        let chunks = dir.join("chunks");
         let tmp = dir.join("tmp");
-        fs::create_dir_all(&chunks).map_err(|e| err(&chunks, e))?;
+        for sub in ["chunks", "files"] {
+            let path = dir.join(sub);
+            fs::create_dir_all(&path).map_err(|e| err(&path, e))?;
+        }
         // Leftovers of writes a crash interrupted.
         if tmp.exists() {
             fs::remove_dir_all(&tmp).map_err(|e| err(&tmp, e))?;
         }
         fs::create_dir_all(&tmp).map_err(|e| err(&tmp, e))?;
 
-        let mut found: Vec<(SystemTime, Digest, u64)> = Vec::new();
-        for shard in fs::read_dir(&chunks).map_err(|e| err(&chunks, e))? {
-            let shard = shard.map_err(|e| err(&chunks, e))?.path();
-            if !shard.is_dir() {
-                continue;
-            }
-            for file in fs::read_dir(&shard).map_err(|e| err(&shard, e))? {
-                let file = file.map_err(|e| err(&shard, e))?;
-                let path = file.path();
-                let digest = path
-                    .file_name()
-                    .and_then(|n| n.to_str())
-                    .and_then(|n| Digest::parse(n).ok());
-                let Some(digest) = digest else {
-                    // Not ours: leave it alone rather than delete an unknown file.
+        let mut found: Vec<(SystemTime, Key, u64)> = Vec::new();
+        for (sub, key) in [
+            ("chunks", Key::Chunk as fn(Digest) -> Key),
+            ("files", Key::File),
+        ] {
+            let top = dir.join(sub);
+            for shard in fs::read_dir(&top).map_err(|e| err(&top, e))? {
+                let shard = shard.map_err(|e| err(&top, e))?.path();
+                if !shard.is_dir() {
                     continue;
-                };
-                let Ok(meta) = file.metadata() else { continue };
-                let used = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-                found.push((used, digest, meta.len()));
+                }
+                for file in fs::read_dir(&shard).map_err(|e| err(&shard, e))? {
+                    let file = file.map_err(|e| err(&shard, e))?;
+                    let path = file.path();
+                    let digest = path
+                        .file_name()
+                        .and_then(|n| n.to_str())
+                        .and_then(|n| Digest::parse(n).ok());
+                    let Some(digest) = digest else {
+                        // Not ours: leave it alone rather than delete an unknown file.
+                        continue;
+                    };
+                    let Ok(meta) = file.metadata() else { continue };
+                    let used = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                    found.push((used, key(digest), meta.len()));
+                }
             }
         }
-        found.sort();
+        found.sort_by_key(|(used, _, _)| *used);
         let cache = DiskCache {
             dir: dir.to_path_buf(),
             index: Mutex::new(LruIndex::new(capacity)),
             metrics,
             tmp_seq: AtomicU64::new(0),
             writer: Mutex::new(()),
+            located: Mutex::new(HashMap::new()),
+            pins: Mutex::new(HashMap::new()),
         };
-        for (_, digest, len) in found {
-            let outcome = cache.index.lock().insert(digest, (), len);
+        for (_, key, len) in found {
+            let held = match key {
+                Key::Chunk(_) => Held::Chunk,
+                Key::File(_) => Held::File { ready: true },
+            };
+            let outcome = cache.index.lock().insert(key, held, len);
             match outcome {
-                Inserted::Stored(evicted) => cache.delete(evicted.into_iter().map(|(d, ())| d)),
-                Inserted::TooLarge => cache.delete([digest]),
+                Inserted::Stored(evicted) => cache.delete(evicted.into_iter().map(|(k, _)| k)),
+                Inserted::TooLarge => cache.delete([key]),
                 Inserted::Present => {}
             }
         }
         cache.publish();
         // One lock for both numbers: the index lock is not re-entrant.
-        let (chunks, bytes) = {
+        let (entries, bytes) = {
             let index = cache.index.lock();
             (index.len(), index.bytes())
         };
-        tracing::info!(dir = %dir.display(), chunks, bytes, capacity, "disk cache ready");
+        tracing::info!(dir = %dir.display(), entries, bytes, capacity, "disk cache ready");
         Ok(cache)
     }
 
     fn chunk_path(&self, digest: &Digest) -> PathBuf {
         let hex = digest.hex();
         self.dir.join("chunks").join(&hex[..2]).join(hex)
+    }
+
+    fn file_path(&self, digest: &Digest) -> PathBuf {
+        let hex = digest.hex();
+        self.dir.join("files").join(&hex[..2]).join(hex)
+    }
+
+    fn path(&self, key: &Key) -> PathBuf {
+        match key {
+            Key::Chunk(d) => self.chunk_path(d),
+            Key::File(d) => self.file_path(d),
+        }
+    }
+
+    fn tmp_path(&self, digest: &Digest) -> PathBuf {
+        let seq = self.tmp_seq.fetch_add(1, Ordering::Relaxed);
+        self.dir
+            .join("tmp")
+            .join(format!("{}-{}-{seq}", digest.hex(), std::process::id()))
     }
 
     fn publish(&self) {
@@ -121,23 +192,39 @@ impl DiskCache {
             .store(bytes, Ordering::Relaxed);
     }
 
-    fn delete(&self, digests: impl IntoIterator<Item = Digest>) {
-        for digest in digests {
+    fn delete(&self, keys: impl IntoIterator<Item = Key>) {
+        for key in keys {
             MountMetrics::inc(&self.metrics.disk_evictions);
-            if let Err(e) = fs::remove_file(self.chunk_path(&digest))
+            if let Key::File(file) = key {
+                self.located.lock().retain(|_, at| at.file != file);
+            }
+            if let Err(e) = fs::remove_file(self.path(&key))
                 && e.kind() != ErrorKind::NotFound
             {
-                tracing::warn!(%digest, error = %e, "cannot delete evicted chunk");
+                tracing::warn!(?key, error = %e, "cannot delete evicted cache entry");
+            }
+        }
+    }
+
+    /// Inserts `key`, evicting unpinned entries to make room; false if there is no room.
+    fn reserve(&self, key: Key, held: Held, len: u64) -> Result<bool, ()> {
+        let outcome = {
+            let mut index = self.index.lock();
+            let pins = self.pins.lock();
+            index.insert_unless(key, held, len, |k| pins.contains_key(k))
+        };
+        match outcome {
+            Inserted::Present => Err(()),
+            Inserted::TooLarge => Ok(false),
+            Inserted::Stored(evicted) => {
+                self.delete(evicted.into_iter().map(|(k, _)| k));
+                Ok(true)
             }
         }
     }
 
     fn write(&self, digest: &Digest, data: &[u8]) -> std::io::Result<()> {
-        let seq = self.tmp_seq.fetch_add(1, Ordering::Relaxed);
-        let tmp =
-            self.dir
-                .join("tmp")
-                .join(format!("{}-{}-{seq}", digest.hex(), std::process::id()));
+        let tmp = self.tmp_path(digest);
         let result = (|| {
             let mut file = fs::File::create(&tmp)?;
             file.write_all(data)?;
@@ -154,10 +241,11 @@ impl DiskCache {
     }
 
     /// The chunk's bytes, verified again against `digest` (a file damaged on disk is deleted
-    /// and `None`), or `None`. Blocking I/O.
+    /// and `None`), or `None`. From its own file, or from the assembled file that holds it.
+    /// Blocking I/O.
     pub fn get(&self, digest: &Digest) -> Option<Bytes> {
-        if !self.index.lock().contains(digest) {
-            return None;
+        if !self.index.lock().contains(&Key::Chunk(*digest)) {
+            return self.get_located(digest);
         }
         let path = self.chunk_path(digest);
         let data = match fs::read(&path) {
@@ -172,42 +260,230 @@ impl DiskCache {
         if Digest::of(&data) != *digest {
             tracing::warn!(path = %path.display(), "cached chunk is corrupt on disk; deleting it");
             MountMetrics::inc(&self.metrics.verification_failures);
-            self.index.lock().remove(digest);
+            self.index.lock().remove(&Key::Chunk(*digest));
             let _ = fs::remove_file(&path);
             self.publish();
             return None;
         }
-        self.index.lock().get(digest);
-        // The mtime records the last use so that LRU order survives a restart.
-        if let Ok(file) = fs::File::options().write(true).open(&path) {
-            let _ = file.set_modified(SystemTime::now());
+        self.index.lock().get(&Key::Chunk(*digest));
+        touch(&path);
+        Some(Bytes::from(data))
+    }
+
+    /// A chunk read from the assembled file that holds it, verified again.
+    fn get_located(&self, digest: &Digest) -> Option<Bytes> {
+        let at = *self.located.lock().get(digest)?;
+        let key = Key::File(at.file);
+        if !matches!(
+            self.index.lock().get(&key),
+            Some(Held::File { ready: true })
+        ) {
+            return None;
+        }
+        let path = self.file_path(&at.file);
+        let mut data = vec![0u8; at.len as usize];
+        let read = fs::File::open(&path).and_then(|f| f.read_exact_at(&mut data, at.offset));
+        if let Err(e) = read {
+            tracing::warn!(path = %path.display(), error = %e, "cannot read a chunk from an assembled file");
+            return None;
+        }
+        if Digest::of(&data) != *digest {
+            tracing::warn!(path = %path.display(), "assembled file is corrupt on disk; deleting it");
+            MountMetrics::inc(&self.metrics.verification_failures);
+            self.remove_file_entry(&at.file);
+            return None;
         }
         Some(Bytes::from(data))
+    }
+
+    fn remove_file_entry(&self, file: &Digest) {
+        self.index.lock().remove(&Key::File(*file));
+        self.located.lock().retain(|_, at| at.file != *file);
+        let _ = fs::remove_file(self.file_path(file));
+        self.publish();
     }
 
     /// Keeps a chunk the caller has verified, evicting to stay within the bound. Blocking I/O.
     pub fn put(&self, digest: &Digest, data: &Bytes) {
         let _writer = self.writer.lock();
-        let outcome = self.index.lock().insert(*digest, (), data.len() as u64);
-        match outcome {
-            Inserted::Present | Inserted::TooLarge => return,
-            Inserted::Stored(evicted) => self.delete(evicted.into_iter().map(|(d, ())| d)),
+        if self.located.lock().contains_key(digest) {
+            return;
+        }
+        match self.reserve(Key::Chunk(*digest), Held::Chunk, data.len() as u64) {
+            Ok(true) => {}
+            Ok(false) | Err(()) => return,
         }
         if let Err(e) = self.write(digest, data) {
             tracing::warn!(%digest, error = %e, "cannot write chunk to the disk cache");
-            self.index.lock().remove(digest);
+            self.index.lock().remove(&Key::Chunk(*digest));
         }
         self.publish();
     }
 
+    /// True if the chunk can be read from this tier (its own file or an assembled one).
     pub fn contains(&self, digest: &Digest) -> bool {
-        self.index.lock().contains(digest)
+        if self.index.lock().contains(&Key::Chunk(*digest)) {
+            return true;
+        }
+        let Some(at) = self.located.lock().get(digest).copied() else {
+            return false;
+        };
+        matches!(
+            self.index.lock().peek(&Key::File(at.file)),
+            Some(Held::File { ready: true })
+        )
+    }
+
+    /// The path of a complete copy of `file` on disk and the key to pin while it is used:
+    /// its assembled file, or for a file of one chunk, that chunk's file (the same bytes).
+    pub fn whole_file(&self, file: &FileEntry) -> Option<(PathBuf, Key)> {
+        let index = self.index.lock();
+        if let Some(Held::File { ready: true }) = index.peek(&Key::File(file.blake3)) {
+            return Some((self.file_path(&file.blake3), Key::File(file.blake3)));
+        }
+        match file.chunks.as_slice() {
+            [only] if only.digest == file.blake3 && u64::from(only.len) == file.size => {
+                let key = Key::Chunk(only.digest);
+                index
+                    .contains(&key)
+                    .then(|| (self.chunk_path(&only.digest), key))
+            }
+            _ => None,
+        }
+    }
+
+    /// Records where the chunks of `file` are if it is assembled here (a mount of a version
+    /// calls this for its files: the chunk lists come from manifests).
+    pub fn register(&self, file: &FileEntry) {
+        if !matches!(
+            self.index.lock().peek(&Key::File(file.blake3)),
+            Some(Held::File { ready: true })
+        ) {
+            return;
+        }
+        let mut located = self.located.lock();
+        let mut offset = 0u64;
+        for chunk in &file.chunks {
+            located.entry(chunk.digest).or_insert(Located {
+                file: file.blake3,
+                offset,
+                len: chunk.len,
+            });
+            let Some(next) = offset.checked_add(u64::from(chunk.len)) else {
+                return;
+            };
+            offset = next;
+        }
+    }
+
+    /// Reserves room for assembling `file` and returns the temporary path to write it at;
+    /// `None` if it is assembled already, being assembled, or cannot fit.
+    pub fn begin_file(&self, file: &FileEntry) -> Option<PathBuf> {
+        let _writer = self.writer.lock();
+        match self.reserve(
+            Key::File(file.blake3),
+            Held::File { ready: false },
+            file.size,
+        ) {
+            Ok(true) => {
+                // Pinned while it is written: chunks the assembly fetches meanwhile must not
+                // evict the room it reserved.
+                self.pin(Key::File(file.blake3));
+                self.publish();
+                Some(self.tmp_path(&file.blake3))
+            }
+            Ok(false) | Err(()) => None,
+        }
+    }
+
+    /// Puts an assembled file (written at `tmp`, checked against its BLAKE3 by the caller)
+    /// in place, and drops the chunk files it now holds. Blocking I/O.
+    pub fn finish_file(&self, file: &FileEntry, tmp: &Path) -> std::io::Result<()> {
+        let path = self.file_path(&file.blake3);
+        self.unpin(Key::File(file.blake3));
+        if !matches!(
+            self.index.lock().peek(&Key::File(file.blake3)),
+            Some(Held::File { ready: false })
+        ) {
+            // The reservation is gone (removed meanwhile): keep nothing untracked.
+            let _ = fs::remove_file(tmp);
+            return Err(std::io::Error::other(
+                "the assembly's reservation was dropped",
+            ));
+        }
+        let placed = (|| {
+            if let Some(shard) = path.parent() {
+                fs::create_dir_all(shard)?;
+            }
+            fs::rename(tmp, &path)
+        })();
+        if let Err(e) = placed {
+            let _ = fs::remove_file(tmp);
+            self.index.lock().remove(&Key::File(file.blake3));
+            self.publish();
+            return Err(e);
+        }
+        if let Some(held) = self.index.lock().peek_mut(&Key::File(file.blake3)) {
+            *held = Held::File { ready: true };
+        }
+        self.register(file);
+        // The chunks are in the file now: their own copies go (unless pinned: open).
+        let pins = self.pins.lock().clone();
+        let mut dropped = Vec::new();
+        {
+            let mut index = self.index.lock();
+            for chunk in &file.chunks {
+                let key = Key::Chunk(chunk.digest);
+                if !pins.contains_key(&key) && index.remove(&key).is_some() {
+                    dropped.push(key);
+                }
+            }
+        }
+        for key in dropped {
+            let _ = fs::remove_file(self.path(&key));
+        }
+        self.publish();
+        Ok(())
+    }
+
+    /// Gives up an assembly [`DiskCache::begin_file`] reserved room for.
+    pub fn abandon_file(&self, file: &FileEntry, tmp: &Path) {
+        self.unpin(Key::File(file.blake3));
+        let _ = fs::remove_file(tmp);
+        let mut index = self.index.lock();
+        if let Some(Held::File { ready: false }) = index.peek(&Key::File(file.blake3)) {
+            index.remove(&Key::File(file.blake3));
+        }
+        drop(index);
+        self.publish();
+    }
+
+    /// Keeps `key` from eviction until as many [`DiskCache::unpin`]s.
+    pub fn pin(&self, key: Key) {
+        *self.pins.lock().entry(key).or_insert(0) += 1;
+    }
+
+    pub fn unpin(&self, key: Key) {
+        let mut pins = self.pins.lock();
+        if let Some(n) = pins.get_mut(&key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                pins.remove(&key);
+            }
+        }
     }
 
     /// Bytes held now.
     #[cfg(test)]
     fn bytes(&self) -> u64 {
         self.index.lock().bytes()
+    }
+}
+
+/// The mtime records the last use so that LRU order survives a restart.
+fn touch(path: &Path) {
+    if let Ok(file) = fs::File::options().write(true).open(path) {
+        let _ = file.set_modified(SystemTime::now());
     }
 }
 

@@ -11,7 +11,7 @@ use crate::lru::LruIndex;
 use crate::metrics::MountMetrics;
 
 pub struct MemoryCache {
-    index: Mutex<LruIndex<Bytes>>,
+    index: Mutex<LruIndex<Digest, Bytes>>,
     metrics: Arc<MountMetrics>,
 }
 

@@ -11,5 +11,5 @@
 mod disk;
 mod memory;
 
-pub use disk::DiskCache;
+pub use disk::{DiskCache, Key};
 pub use memory::MemoryCache;
