@@ -12,8 +12,10 @@
 #                       sealed.local/sealed-csi:dev (with sealed-fd-holder; default both) from the
 #                       cargo-built binaries,
 #                       with their glibc and the host's CA certificates; imported if the cluster runs.
-#                       Env: SEALED_IMAGE_TAG (dev), SEALED_OPERATOR_BIN, SEALED_CSI_BIN (default
-#                       $CARGO_TARGET_DIR/debug/<name>, else target/debug/<name>). Build them first:
+#                       Env: SEALED_IMAGE_TAG (dev), SEALED_IMAGE_REPOSITORY (sealed.local),
+#                       SEALED_PROFILE (debug; release for release images), SEALED_GIT_COMMIT and
+#                       SEALED_SOURCE_URL (OCI labels), SEALED_OPERATOR_BIN, SEALED_CSI_BIN (default
+#                       $CARGO_TARGET_DIR/<profile>/<name>, else target/<profile>/<name>). Build them first:
 #                       cargo build -p sealed-operator -p sealed-csi -p sealed-fd-holder
 #   hack/images.sh rootfs NAME:TAG DIR [ENTRYPOINT ARG...]   a directory as the image's root
 #   hack/images.sh import ARCHIVE...                 import docker-archive tarballs
@@ -59,6 +61,13 @@ build_image() {
     shift
     for a in "$@"; do cfg+=(--config.cmd "$a"); done
   fi
+  # OCI annotations (https://github.com/opencontainers/image-spec/blob/main/annotations.md),
+  # from the release's facts when given.
+  cfg+=(--config.label "org.opencontainers.image.title=$(basename "${ref%:*}")")
+  cfg+=(--config.label "org.opencontainers.image.version=${ref##*:}")
+  cfg+=(--config.label "org.opencontainers.image.licenses=Apache-2.0")
+  [[ -n ${SEALED_GIT_COMMIT:-} ]] && cfg+=(--config.label "org.opencontainers.image.revision=$SEALED_GIT_COMMIT")
+  [[ -n ${SEALED_SOURCE_URL:-} ]] && cfg+=(--config.label "org.opencontainers.image.source=$SEALED_SOURCE_URL")
   umoci config --image "$tmp/oci:img" "${cfg[@]}"
   mkdir -p "$(dirname "$out")"
   rm -f "$out.part"
@@ -172,7 +181,7 @@ cmd_sealed() {
       csi) var=SEALED_CSI_BIN ;;
       *) die "unknown component '$c' (operator, csi)" ;;
     esac
-    bin=${!var:-$target/debug/sealed-$c}
+    bin=${!var:-$target/${SEALED_PROFILE:-debug}/sealed-$c}
     [[ -f $bin ]] || die "no $bin: run 'cargo build -p sealed-$c' first (or set $var)"
     local extra=()
     if [[ $c == csi ]]; then
@@ -181,7 +190,7 @@ cmd_sealed() {
       [[ -f $holder ]] || die "no $holder: run 'cargo build -p sealed-fd-holder' first (or set SEALED_FD_HOLDER_BIN)"
       extra+=("$holder:/sealed-fd-holder")
     fi
-    cmd_binary "sealed.local/sealed-$c:$tag" "$bin" "$ca:$ca" "${extra[@]}"
+    cmd_binary "${SEALED_IMAGE_REPOSITORY:-sealed.local}/sealed-$c:$tag" "$bin" "$ca:$ca" "${extra[@]}"
   done
 }
 
