@@ -51,6 +51,13 @@ enum Command {
     Gc(commands::gc::GcArgs),
     /// Have the cluster sync a Hugging Face repo or a bucket into a SealedVolume; prints the digest
     Sync(commands::sync::SyncArgs),
+    /// Print the version of `sealed` (-o json for scripts)
+    Version,
+    /// Print a shell completion script: `source <(sealed completions bash)`
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 const STORE_HELP: &str = "The store defaults to a local directory \
@@ -60,6 +67,16 @@ const STORE_HELP: &str = "The store defaults to a local directory \
 /// The command line, with the exit-code table under `--help`.
 fn cli_command() -> clap::Command {
     Cli::command().after_help(format!("{STORE_HELP}\n\n{}", errors::EXIT_CODES_HELP))
+}
+
+fn print_version(ctx: &Context) -> anyhow::Result<std::process::ExitCode> {
+    let version = env!("CARGO_PKG_VERSION");
+    if ctx.json() {
+        output::print_json(&serde_json::json!({ "version": version }))?;
+    } else {
+        println!("sealed {version}");
+    }
+    Ok(std::process::ExitCode::SUCCESS)
 }
 
 fn parse_cli() -> Cli {
@@ -98,6 +115,13 @@ fn main() -> std::process::ExitCode {
             Command::Trash(a) => commands::trash::run(&ctx, a).await,
             Command::Gc(a) => commands::gc::run(&ctx, a).await,
             Command::Sync(a) => commands::sync::run(&ctx, a).await,
+            Command::Version => print_version(&ctx),
+            Command::Completions { shell } => {
+                let mut cmd = cli_command();
+                // As kubectl-sealed the completions are kubectl's; as sealed they are ours.
+                clap_complete::generate(shell, &mut cmd, "sealed", &mut std::io::stdout());
+                Ok(std::process::ExitCode::SUCCESS)
+            }
         }
     });
     match result {

@@ -296,3 +296,21 @@ fn closed_stdout_is_not_a_panic() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+#[test]
+fn version_and_completions() {
+    let env = Env::new();
+    let (ok, out, _) = env.run(&["version"]);
+    assert!(ok);
+    assert_eq!(out.trim(), format!("sealed {}", env!("CARGO_PKG_VERSION")));
+    let (ok, json, _) = env.run(&["version", "-o", "json"]);
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+    let (ok, script, err) = env.run(&["completions", "bash"]);
+    assert!(ok, "{err}");
+    assert!(
+        script.contains("_sealed") && script.contains("--follow-symlinks"),
+        "not a bash completion of sealed"
+    );
+}
