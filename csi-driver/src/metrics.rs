@@ -138,6 +138,11 @@ impl Metrics {
         }
     }
 
+    /// Adds a collector read at scrape time (the peer tier's, when it is on).
+    pub fn register(&self, collector: Box<dyn Collector>) -> Result<(), prometheus::Error> {
+        self.registry.register(collector)
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut out = Vec::new();
@@ -294,6 +299,10 @@ const MISSES: (&str, &str) = (
     "sealed_cache_misses_total",
     "Chunk lookups a cache tier could not answer (memory, disk)",
 );
+const CHUNK_FETCH_SECONDS: (&str, &str) = (
+    "sealed_chunk_fetch_seconds",
+    "Latency of chunk lookups answered by each tier (memory, disk, peer, origin)",
+);
 const FETCH_SECONDS: (&str, &str) = (
     "sealed_store_fetch_seconds_total",
     "Time spent in successful object-store fetches (divide by sealed_store_fetches_total)",
@@ -324,6 +333,12 @@ impl MountCollector {
                 Default::default(),
             )?);
         }
+        descs.push(Desc::new(
+            CHUNK_FETCH_SECONDS.0.into(),
+            CHUNK_FETCH_SECONDS.1.into(),
+            vec!["tier".into()],
+            Default::default(),
+        )?);
         descs.push(Desc::new(
             FETCH_SECONDS.0.into(),
             FETCH_SECONDS.1.into(),
@@ -363,8 +378,46 @@ impl MountCollector {
         let c = Counter::new(FETCH_SECONDS.0, FETCH_SECONDS.1)?;
         c.inc_by(s.fetch_latency_us_sum as f64 / 1e6);
         families.extend(c.collect());
+        families.push(chunk_fetch_family(&self.metrics));
         Ok(families)
     }
+}
+
+/// `sealed_chunk_fetch_seconds{tier}`: the mount crate's fixed-bucket histograms as one
+/// Prometheus histogram family.
+fn chunk_fetch_family(metrics: &MountMetrics) -> MetricFamily {
+    use prometheus::proto;
+    let mut family = MetricFamily::default();
+    family.set_name(CHUNK_FETCH_SECONDS.0.into());
+    family.set_help(CHUNK_FETCH_SECONDS.1.into());
+    family.set_field_type(proto::MetricType::HISTOGRAM);
+    let mut series = Vec::new();
+    for tier in sealed_mount::Tier::ALL {
+        let snapshot = metrics.chunk_fetch_histogram(tier);
+        let mut h = proto::Histogram::default();
+        h.set_sample_count(snapshot.count);
+        h.set_sample_sum(snapshot.sum_seconds);
+        let buckets = sealed_mount::metrics::LATENCY_BUCKETS
+            .iter()
+            .zip(snapshot.cumulative)
+            .map(|(&le, count)| {
+                let mut b = proto::Bucket::default();
+                b.set_upper_bound(le);
+                b.set_cumulative_count(count);
+                b
+            })
+            .collect();
+        h.set_bucket(buckets);
+        let mut label = proto::LabelPair::default();
+        label.set_name("tier".into());
+        label.set_value(tier.label().into());
+        let mut m = proto::Metric::default();
+        m.set_label(vec![label]);
+        m.set_histogram(h);
+        series.push(m);
+    }
+    family.set_metric(series);
+    family
 }
 
 impl Collector for MountCollector {

@@ -105,6 +105,12 @@ async fn healthz_and_metrics_follow_publishes() {
         assert!(get("sealed_read_bytes_total") >= read as f64);
         assert!(get("sealed_disk_cache_bytes") > 0.0);
         assert_eq!(get("sealed_verification_failures_total"), 0.0);
+        // The per-tier chunk latency histogram: every origin fetch observed once.
+        assert_eq!(
+            get(r#"sealed_chunk_fetch_seconds_count{tier="origin"}"#),
+            get("sealed_store_fetches_total")
+        );
+        assert!(get(r#"sealed_chunk_fetch_seconds_bucket{tier="origin",le="+Inf"}"#) >= 1.0);
         let hits_before = get(r#"sealed_cache_hits_total{tier="memory"}"#)
             + get(r#"sealed_cache_hits_total{tier="disk"}"#);
         println!(
