@@ -20,6 +20,7 @@ pub mod manifest_cache;
 pub mod metrics;
 pub mod mounts;
 pub mod node;
+pub mod peer;
 pub mod plugin;
 pub mod proto;
 pub mod records;

@@ -8,6 +8,7 @@ use clap::Parser;
 
 use sealed_csi::DriverConfig;
 use sealed_csi::attest::SecretRef;
+use sealed_csi::peer::{PeerConfig, PeerMembers};
 use sealed_csi::plugin::{ApiConfig, PluginConfig};
 use sealed_mount::{FetchPolicy, MountLimits, MountOptions, NodeCacheOptions, parse_size};
 use sealed_service::store_args::StoreArgs;
@@ -122,6 +123,33 @@ struct Args {
     /// off when unset
     #[arg(long, env = "SEALED_METRICS_ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Serve this node's cache to its peers on this address and ask them before the store
+    /// (docs/peer.md); off when unset
+    #[arg(long, env = "SEALED_PEER_LISTEN")]
+    peer_listen: Option<std::net::SocketAddr>,
+    /// This node's peer address as the others see it (the chart: $(POD_IP):port)
+    /// [default: --peer-listen]
+    #[arg(long, env = "SEALED_PEER_ADVERTISE")]
+    peer_advertise: Option<String>,
+    /// File with the fleet's shared peer token
+    #[arg(
+        long,
+        env = "SEALED_PEER_TOKEN_FILE",
+        default_value = "/etc/sealed-volumes/peer/token"
+    )]
+    peer_token_file: PathBuf,
+    /// NAMESPACE/NAME of the plugins' headless Service: its EndpointSlices are the peers
+    #[arg(long, env = "SEALED_PEER_SERVICE", conflicts_with = "peers")]
+    peer_service: Option<String>,
+    /// A fixed peer list instead (host:port, comma-separated)
+    #[arg(long, value_delimiter = ',')]
+    peers: Vec<String>,
+    /// Milliseconds to wait for a peer before reading a chunk from the store
+    #[arg(long, default_value_t = 3000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    peer_timeout_ms: u64,
+    /// Most nodes one owner serves a chunk to; the owners per chunk widen beyond that
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    peer_fanout: u64,
     /// Log more (-v info, -vv debug); SEALED_LOG overrides
     #[arg(long, short = 'v', action = clap::ArgAction::Count)]
     verbose: u8,
@@ -134,11 +162,47 @@ async fn main() -> anyhow::Result<()> {
         sealed_service::logging::verbosity("info", args.verbose),
         false,
     );
-    sealed_csi::plugin::run(plugin_config(args)).await
+    let config = plugin_config(args)?;
+    sealed_csi::plugin::run(config).await
+}
+
+/// The peer tier's flags: off without --peer-listen.
+fn peer_config(args: &Args) -> anyhow::Result<Option<PeerConfig>> {
+    let Some(listen) = args.peer_listen else {
+        return Ok(None);
+    };
+    let members = match &args.peer_service {
+        Some(service) => {
+            let (namespace, name) = service.split_once('/').ok_or_else(|| {
+                anyhow::anyhow!("--peer-service {service:?} is not NAMESPACE/NAME")
+            })?;
+            PeerMembers::Service {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                port: listen.port(),
+            }
+        }
+        None if !args.peers.is_empty() => {
+            PeerMembers::Fixed(sealed_peer::membership::parse_addrs(&args.peers.join(","))?)
+        }
+        None => anyhow::bail!("--peer-listen needs --peer-service NAMESPACE/NAME or --peers"),
+    };
+    Ok(Some(PeerConfig {
+        listen,
+        advertise: args
+            .peer_advertise
+            .clone()
+            .unwrap_or_else(|| listen.to_string()),
+        token_file: args.peer_token_file.clone(),
+        members,
+        request_timeout: Duration::from_millis(args.peer_timeout_ms),
+        fanout: usize::try_from(args.peer_fanout).unwrap_or(usize::MAX),
+    }))
 }
 
 /// The library's configuration from the flags.
-fn plugin_config(args: Args) -> PluginConfig {
+fn plugin_config(args: Args) -> anyhow::Result<PluginConfig> {
+    let peer = peer_config(&args)?;
     let api = if args.standalone {
         if args.attestation_secret.is_some()
             || args.insecure_skip_attestation
@@ -195,7 +259,7 @@ fn plugin_config(args: Args) -> PluginConfig {
         },
         ..MountOptions::default()
     };
-    PluginConfig {
+    Ok(PluginConfig {
         endpoint: args.endpoint,
         driver,
         cache,
@@ -204,7 +268,8 @@ fn plugin_config(args: Args) -> PluginConfig {
         kubelet_dir: args.kubelet_dir,
         kubelet_registration_path: args.kubelet_registration_path,
         metrics_addr: args.metrics_addr,
-    }
+        peer,
+    })
 }
 
 /// A bound on fetches in flight: at least one (zero would stop every read), at most 4096.

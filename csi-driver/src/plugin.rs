@@ -42,6 +42,8 @@ pub struct PluginConfig {
     pub kubelet_registration_path: Option<PathBuf>,
     /// Where `/metrics` and `/healthz` are served; off when `None`.
     pub metrics_addr: Option<SocketAddr>,
+    /// The peer tier (docs/peer.md); off when `None`.
+    pub peer: Option<crate::peer::PeerConfig>,
 }
 
 /// How the plugin uses the API server.
@@ -87,8 +89,14 @@ pub async fn run(config: PluginConfig) -> anyhow::Result<()> {
     let fd_holder = config.driver.fd_holder.is_some();
     let store_url = config.driver.store_url.clone();
     let state_dir = config.driver.state_dir.clone();
+    let peer_cache = cache.clone();
     let driver = Driver::new(config.driver.clone(), cache, config.mount.clone())
         .context("cannot set up the metrics registry")?;
+    // Before serving: a pod's first reads already ask the fleet.
+    let _peer = match &config.peer {
+        Some(peer) => Some(start_peer_tier(peer, &config, &peer_cache, &driver).await?),
+        None => None,
+    };
     if !fd_holder {
         tracing::warn!(
             "no --fd-holder: restarting this plugin will break the mounts of running pods"
@@ -204,6 +212,28 @@ pub async fn run(config: PluginConfig) -> anyhow::Result<()> {
         std::process::exit(0);
     }
     Ok(())
+}
+
+/// The peer tier over this node's cache, its series added to the plugin's metrics.
+async fn start_peer_tier(
+    peer: &crate::peer::PeerConfig,
+    config: &PluginConfig,
+    cache: &NodeCache,
+    driver: &Driver,
+) -> anyhow::Result<sealed_peer::PeerNode> {
+    // A client that asks the store nothing when made, as the mounts' (`store_slot`).
+    let store = crate::store_slot::StoreSlot::new(
+        config.driver.store_url.clone(),
+        config.driver.store_options.clone(),
+    )
+    .for_mount()
+    .context("the peer tier's store")?;
+    let node = crate::peer::start(peer, cache, store)
+        .await
+        .context("cannot start the peer tier")?;
+    let collector = crate::peer::PeerCollector::new(cache.metrics().clone(), &node)?;
+    driver.metrics().register(Box::new(collector))?;
+    Ok(node)
 }
 
 /// The API-server client; reads this node's labels once so bad credentials, missing RBAC or

@@ -1329,3 +1329,204 @@ fn sync_job_pod_settings_reach_the_operator() -> Result<()> {
     assert_eq!(pod["imagePullSecrets"][0]["name"], "sync-registry");
     Ok(())
 }
+
+#[test]
+fn alert_rules_dashboard_and_relabelings_render_and_pass_promtool() -> Result<()> {
+    let Some(helm) = helm("alert_rules_dashboard_and_relabelings_render_and_pass_promtool") else {
+        return Ok(());
+    };
+    // Off by default: no monitoring.coreos.com objects without their CRDs.
+    let docs = render(&helm, &[])?;
+    assert!(of_kind(&docs, "PrometheusRule").is_empty());
+    assert!(of_kind(&docs, "ConfigMap").is_empty());
+    let docs = render(
+        &helm,
+        &[
+            "metrics.prometheusRule.enabled=true",
+            "metrics.prometheusRule.labels.release=kps",
+            "metrics.grafanaDashboard.enabled=true",
+            "metrics.grafanaDashboard.namespace=monitoring",
+            "metrics.serviceMonitor.enabled=true",
+            r#"json:metrics.serviceMonitor.relabelings=[{"targetLabel":"cluster","replacement":"eu-1"}]"#,
+            r#"json:metrics.serviceMonitor.metricRelabelings=[{"action":"drop","sourceLabels":["__name__"],"regex":"sealed_prefetch_.*"}]"#,
+        ],
+    )?;
+    let monitor = of_kind(&docs, "ServiceMonitor");
+    let endpoint = &monitor.first().context("no ServiceMonitor")?["spec"]["endpoints"][0];
+    assert_eq!(endpoint["relabelings"][0]["targetLabel"], "cluster");
+    assert_eq!(endpoint["metricRelabelings"][0]["action"], "drop");
+
+    let dashboard = of_kind(&docs, "ConfigMap");
+    let dashboard = dashboard.first().context("no dashboard ConfigMap")?;
+    assert_eq!(dashboard["metadata"]["namespace"], "monitoring");
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    let json: Value = serde_json::from_str(
+        dashboard["data"]["sealed-volumes.json"]
+            .as_str()
+            .context("no dashboard JSON")?,
+    )
+    .context("the dashboard is not JSON")?;
+    assert_eq!(json["uid"], "sealed-volumes");
+
+    let rule = of_kind(&docs, "PrometheusRule");
+    let rule = rule.first().context("no PrometheusRule")?;
+    assert_eq!(rule["metadata"]["labels"]["release"], "kps");
+    let alerts: BTreeSet<&str> = rule["spec"]["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g["rules"].as_array().into_iter().flatten())
+        .filter_map(|r| r["alert"].as_str())
+        .collect();
+    for want in [
+        "SealedVolumesVerificationFailures",
+        "SealedVolumesStoreErrors",
+        "SealedVolumesUnprotectedMounts",
+        "SealedVolumesSyncFailed",
+    ] {
+        assert!(alerts.contains(want), "no alert {want} in {alerts:?}");
+    }
+    // Helm left Prometheus' own templates ({{ $labels.pod }}) alone.
+    let text = serde_json::to_string(&rule["spec"])?;
+    assert!(text.contains("{{ $labels.pod }}"), "{text}");
+
+    // promtool checks the rules exactly as rendered (syntax, PromQL, templates).
+    if sealed_test_support::servers::missing("promtool", "hack/build-test-tools.sh") {
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("rules.yaml");
+    std::fs::write(&file, serde_saphyr::to_string(&rule["spec"])?)?;
+    let out = Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&file)
+        .output()?;
+    assert!(
+        out.status.success(),
+        "promtool check rules:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // And it would say so if a rule were broken.
+    std::fs::write(
+        &file,
+        "groups: [{name: g, rules: [{alert: A, expr: 'sum(rate(x[5m]) >'}]}]\n",
+    )?;
+    let out = Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&file)
+        .output()?;
+    assert!(!out.status.success(), "promtool passed a broken rule");
+    Ok(())
+}
+
+#[test]
+fn peer_values_render_the_service_token_and_flags() -> Result<()> {
+    let Some(helm) = helm("peer_values_render_the_service_token_and_flags") else {
+        return Ok(());
+    };
+    // Off by default: no Service, no token, no flags.
+    let docs = render(&helm, &[])?;
+    let plugin = container(pod_spec(&daemonset(&docs)?), "plugin").clone();
+    assert_eq!(flag(&plugin, "--peer-listen"), None);
+    assert!(
+        of_kind(&docs, "Service")
+            .iter()
+            .all(|s| s["metadata"]["name"] != "sv-sealed-volumes-peers")
+    );
+
+    let docs = render(
+        &helm,
+        &["peer.enabled=true", "peer.port=7171", "peer.fanout=16"],
+    )?;
+    let ds = daemonset(&docs)?;
+    let spec = pod_spec(&ds);
+    let plugin = container(spec, "plugin");
+    assert_eq!(
+        flag(plugin, "--peer-listen").as_deref(),
+        Some("0.0.0.0:7171")
+    );
+    assert_eq!(
+        flag(plugin, "--peer-advertise").as_deref(),
+        Some("$(POD_IP):7171")
+    );
+    assert_eq!(
+        flag(plugin, "--peer-service").as_deref(),
+        Some("sealed-system/sv-sealed-volumes-peers")
+    );
+    assert_eq!(flag(plugin, "--peer-fanout").as_deref(), Some("16"));
+    let token_file = flag(plugin, "--peer-token-file").context("no --peer-token-file")?;
+    let mount = plugin
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == "peer-token")
+        .context("the token is not mounted")?;
+    assert!(token_file.starts_with(&mount.mount_path));
+    assert_eq!(mount.read_only, Some(true));
+    assert!(
+        plugin
+            .ports
+            .iter()
+            .flatten()
+            .any(|p| p.name.as_deref() == Some("peer") && p.container_port == 7171)
+    );
+    assert!(
+        plugin.env.iter().flatten().any(|e| e.name == "POD_IP"),
+        "the advertised address needs the pod IP"
+    );
+    // A headless Service selecting the node plugins: its EndpointSlices are the membership.
+    let service = of_kind(&docs, "Service")
+        .into_iter()
+        .find(|s| s["metadata"]["name"] == "sv-sealed-volumes-peers")
+        .context("no peers Service")?;
+    assert_eq!(service["spec"]["clusterIP"], "None");
+    assert_eq!(
+        service["spec"]["selector"]["app.kubernetes.io/component"],
+        "node"
+    );
+    assert_eq!(service["spec"]["ports"][0]["port"], 7171);
+    // A random token Secret, and the plugin may only read EndpointSlices in its namespace.
+    let secret = of_kind(&docs, "Secret")
+        .into_iter()
+        .find(|s| s["metadata"]["name"] == "sv-sealed-volumes-peer-token")
+        .context("no token Secret")?;
+    assert!(
+        secret["data"]["token"]
+            .as_str()
+            .is_some_and(|t| t.len() >= 24)
+    );
+    let role = of_kind(&docs, "Role")
+        .into_iter()
+        .find(|r| r["metadata"]["name"] == "sv-sealed-volumes-peers")
+        .context("no peers Role")?;
+    assert_eq!(role["rules"][0]["resources"][0], "endpointslices");
+    assert_eq!(
+        role["rules"][0]["verbs"],
+        serde_json::json!(["get", "list", "watch"])
+    );
+
+    // An existing Secret instead: none rendered, that one mounted.
+    let docs = render(
+        &helm,
+        &["peer.enabled=true", "peer.existingTokenSecret=my-token"],
+    )?;
+    assert!(
+        of_kind(&docs, "Secret")
+            .iter()
+            .all(|s| s["metadata"]["name"] != "sv-sealed-volumes-peer-token")
+    );
+    let volumes = pod_spec(&daemonset(&docs)?)
+        .volumes
+        .clone()
+        .unwrap_or_default();
+    let token = volumes
+        .iter()
+        .find(|v| v.name == "peer-token")
+        .context("no token volume")?;
+    assert_eq!(
+        token.secret.as_ref().and_then(|s| s.secret_name.as_deref()),
+        Some("my-token")
+    );
+    Ok(())
+}

@@ -47,9 +47,10 @@ impl PeerClient {
             .http2_prior_knowledge()
             .connect_timeout(options.connect_timeout)
             .timeout(options.request_timeout)
+            // No HTTP/2 keep-alive pings: an owner busy hashing may answer a ping late, and a
+            // missed ping closes the connection with every request on it. The request bound
+            // covers a peer that went away.
             .pool_idle_timeout(Duration::from_secs(90))
-            .http2_keep_alive_interval(Duration::from_secs(10))
-            .http2_keep_alive_timeout(options.request_timeout)
             .build()
             .map_err(|e| PeerError::Client(e.to_string()))?;
         Ok(PeerClient {
@@ -147,7 +148,7 @@ impl Inner {
         let mut response = request
             .send()
             .await
-            .map_err(|e| Failure::Broken(e.to_string()))?;
+            .map_err(|e| Failure::Broken(chain(&e)))?;
         let status = response.status();
         if status == http::StatusCode::SERVICE_UNAVAILABLE {
             return Err(Failure::Busy);
@@ -204,6 +205,18 @@ impl Inner {
             .unwrap_or_else(|e| e.into_inner())
             .insert(addr.to_owned(), until);
     }
+}
+
+/// An error with its causes (reqwest's own text leaves them out).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 enum Failure {

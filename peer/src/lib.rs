@@ -26,7 +26,7 @@ use tokio::task::JoinHandle;
 pub use client::PeerClient;
 pub use membership::Membership;
 pub use metrics::{PeerMetrics, PeerSnapshot};
-pub use ring::{Member, Ring, Role};
+pub use ring::{Member, Ring, RingView, Role};
 pub use token::PeerToken;
 
 /// Marks a request as the last hop: the owner answers from its tiers or the origin, never
@@ -80,7 +80,7 @@ impl PeerOptions {
             request_timeout: Duration::from_secs(3),
             connect_timeout: Duration::from_millis(500),
             down_for: Duration::from_secs(5),
-            max_concurrent_serves: 256,
+            max_concurrent_serves: 64,
             serve_timeout: Duration::from_secs(10),
             fanout: 64,
         }
@@ -98,6 +98,8 @@ pub(crate) fn chunk_path(chunk: &ChunkRef) -> String {
 pub struct PeerNode {
     pub metrics: Arc<PeerMetrics>,
     pub local_addr: SocketAddr,
+    /// The current membership, as this node sees it.
+    pub ring: RingView,
     server: JoinHandle<()>,
     _membership: Membership,
 }
@@ -148,6 +150,7 @@ impl PeerNode {
         Ok(PeerNode {
             metrics,
             local_addr,
+            ring: membership.view.clone(),
             server,
             _membership: membership,
         })

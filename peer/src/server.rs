@@ -27,6 +27,8 @@ use crate::{HOP_HEADER, PeerOptions};
 
 /// Largest chunk a peer asks for: the chunker's own bound.
 const MAX_CHUNK_LEN: u64 = sealed_store::bounded::MAX_CHUNK_BYTES;
+/// How long a request waits for one of the bounded answer slots before it is told 503.
+const SLOT_WAIT: Duration = Duration::from_secs(1);
 
 #[derive(Clone)]
 struct ServerState {
@@ -97,7 +99,9 @@ async fn chunk(
         )
             .into_response();
     };
-    let Ok(_slot) = state.slots.clone().try_acquire_owned() else {
+    // A short wait for a slot (queued requests hold no chunk bytes), then 503.
+    let slot = tokio::time::timeout(SLOT_WAIT, state.slots.clone().acquire_owned()).await;
+    let Ok(Ok(_slot)) = slot else {
         PeerMetrics::inc(&metrics.served_rejected);
         return (StatusCode::SERVICE_UNAVAILABLE, "too many peer requests\n").into_response();
     };

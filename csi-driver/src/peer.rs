@@ -1,0 +1,212 @@
+//! The node plugin's part of the peer tier (`sealed-peer`, docs/peer.md): its flags, its
+//! membership (the EndpointSlices of the plugins' headless Service, or a fixed list), and
+//! its Prometheus series. The store's credentials stay in this process; peers get verified
+//! chunk bytes only.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts};
+use sealed_mount::{MountMetrics, NodeCache};
+use sealed_peer::{
+    Membership, PeerMetrics, PeerNode, PeerOptions, PeerToken, RingView, membership,
+};
+use sealed_store::ChunkStore;
+
+/// `--peer-*` flags, resolved.
+#[derive(Clone, Debug)]
+pub struct PeerConfig {
+    pub listen: SocketAddr,
+    /// This node as the others list it: `<pod IP>:<port>` (the chart passes the pod IP).
+    pub advertise: String,
+    pub token_file: PathBuf,
+    pub members: PeerMembers,
+    pub request_timeout: Duration,
+    pub fanout: usize,
+}
+
+#[derive(Clone, Debug)]
+pub enum PeerMembers {
+    /// `host:port` of every node.
+    Fixed(Vec<String>),
+    /// The ready endpoints of this headless Service's EndpointSlices, at `port`.
+    Service {
+        namespace: String,
+        name: String,
+        port: u16,
+    },
+}
+
+/// Serves this node's cache to its peers and installs the tier in `cache`.
+pub async fn start(
+    config: &PeerConfig,
+    cache: &NodeCache,
+    store: ChunkStore,
+) -> anyhow::Result<PeerNode> {
+    let token = PeerToken::from_file(&config.token_file)?;
+    membership::check_addr(&config.advertise).context("--peer-advertise")?;
+    let mut options = PeerOptions::new(config.listen, config.advertise.clone(), token);
+    options.request_timeout = config.request_timeout;
+    options.fanout = config.fanout.max(1);
+    let members: Membership = match &config.members {
+        PeerMembers::Fixed(addrs) => membership::fixed(addrs.clone(), options.fanout),
+        PeerMembers::Service {
+            namespace,
+            name,
+            port,
+        } => {
+            let client = kube::Client::try_default()
+                .await
+                .context("the peer tier's membership needs the API server")?;
+            membership::from_endpoint_slices(client, namespace, name, *port, options.fanout)
+        }
+    };
+    Ok(PeerNode::start(&options, members, cache, store).await?)
+}
+
+/// The peer series, read at scrape time: bytes by tier (`sealed_tier_bytes_total`, for the
+/// peer and origin tiers), the mount's peer counters, and the tier's own (owner load).
+pub struct PeerCollector {
+    mount: Arc<MountMetrics>,
+    peer: Arc<PeerMetrics>,
+    ring: RingView,
+    descs: Vec<Desc>,
+}
+
+impl PeerCollector {
+    pub fn new(mount: Arc<MountMetrics>, node: &PeerNode) -> Result<Self, prometheus::Error> {
+        let mut this = PeerCollector {
+            mount,
+            peer: node.metrics.clone(),
+            ring: node.ring.clone(),
+            descs: Vec::new(),
+        };
+        this.descs = this
+            .families()
+            .iter()
+            .flat_map(|f| f.desc().into_iter().cloned().collect::<Vec<_>>())
+            .collect();
+        Ok(this)
+    }
+
+    fn families(&self) -> Vec<Box<dyn Collector>> {
+        let m = self.mount.snapshot();
+        let p = self.peer.snapshot();
+        let mut out: Vec<Box<dyn Collector>> = Vec::new();
+        let bytes = IntCounterVec::new(
+            Opts::new(
+                "sealed_tier_bytes_total",
+                "Chunk bytes fetched into this node by tier (peer, origin)",
+            ),
+            &["tier"],
+        )
+        .expect("static metric");
+        bytes
+            .with_label_values(&["peer"])
+            .inc_by(m.peer_bytes_fetched);
+        bytes
+            .with_label_values(&["origin"])
+            .inc_by(m.store_bytes_fetched);
+        out.push(Box::new(bytes));
+        let counters: [(&str, &str, u64); 14] = [
+            (
+                "sealed_peer_hits_total",
+                "Chunks a peer served (verified)",
+                m.peer_hits,
+            ),
+            (
+                "sealed_peer_fallbacks_total",
+                "Chunks the peer tier did not answer (fetched from the origin), including those this node owns",
+                m.peer_fallbacks,
+            ),
+            (
+                "sealed_peer_corrupt_total",
+                "Chunks a peer served wrong (refetched from the origin, never served)",
+                m.peer_corrupt,
+            ),
+            (
+                "sealed_peer_requests_total",
+                "Requests this node sent to owners",
+                p.requests,
+            ),
+            (
+                "sealed_peer_request_failures_total",
+                "Requests to owners that failed or were refused",
+                p.request_failures,
+            ),
+            (
+                "sealed_peer_request_timeouts_total",
+                "Requests to owners that hit the time bound",
+                p.request_timeouts,
+            ),
+            (
+                "sealed_peer_skipped_down_total",
+                "Chunks not asked of an owner marked down",
+                p.skipped_down,
+            ),
+            (
+                "sealed_peer_owned_here_total",
+                "Chunks this node owns, fetched from the origin here",
+                p.owned_here,
+            ),
+            (
+                "sealed_peer_served_requests_total",
+                "Owner load: chunk requests this node answered",
+                p.served_requests,
+            ),
+            (
+                "sealed_peer_served_bytes_total",
+                "Owner load: chunk bytes this node sent to peers",
+                p.served_bytes,
+            ),
+            (
+                "sealed_peer_served_rejected_total",
+                "Peer requests turned away (token, malformed, too many at once)",
+                p.served_rejected,
+            ),
+            (
+                "sealed_peer_served_errors_total",
+                "Peer requests this node could not answer (origin error, timeout)",
+                p.served_errors,
+            ),
+            (
+                "sealed_peer_forwarded_total",
+                "Requests this node (a secondary owner) passed on to the primary",
+                p.forwarded,
+            ),
+            (
+                "sealed_peer_fetched_bytes_total",
+                "Chunk bytes peers served this node (verified)",
+                m.peer_bytes_fetched,
+            ),
+        ];
+        for (name, help, value) in counters {
+            let c = IntCounter::new(name, help).expect("static metric");
+            c.inc_by(value);
+            out.push(Box::new(c));
+        }
+        let members = IntGauge::new(
+            "sealed_peer_members",
+            "Members in this node's view of the fleet",
+        )
+        .expect("static metric");
+        members.set(i64::try_from(self.ring.borrow().len()).unwrap_or(i64::MAX));
+        out.push(Box::new(members));
+        out
+    }
+}
+
+impl Collector for PeerCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        self.families().iter().flat_map(|c| c.collect()).collect()
+    }
+}
