@@ -131,6 +131,21 @@ impl Driver {
         self.config.state_dir.join("mounts")
     }
 
+    /// Where the FUSE mount of `digest` records its io modes for the plugin that resumes it.
+    fn io_mode_record(&self, digest: &Digest) -> PathBuf {
+        self.config.state_dir.join("io-modes").join(digest.hex())
+    }
+
+    /// The options of the FUSE mount of `digest`: a restartable mount (with an fd holder)
+    /// records its io modes, so a plugin that resumes it keeps passthrough working.
+    fn mount_options_for(&self, digest: &Digest) -> MountOptions {
+        let mut options = self.mount_options.clone();
+        if options.restartable {
+            options.io_mode_record = Some(self.io_mode_record(digest));
+        }
+        options
+    }
+
     /// The gauges of FUSE mounts and published targets, after a change of the table.
     fn count(&self, mounts: &Mounts) {
         self.metrics

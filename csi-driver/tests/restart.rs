@@ -341,3 +341,184 @@ async fn without_the_holder_a_plugin_crash_breaks_running_reads() {
     let plugin = Plugin::start_in(home, &store.url, &[]);
     drop(plugin);
 }
+
+/// Holds `path` open (one `open`, never closed) and, for each line on its stdin, reads the
+/// whole file through that one descriptor and prints its SHA-256 (or `failed: ERROR`).
+const HOLDER: &str = r#"
+import hashlib, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+print("open", flush=True)
+for _ in sys.stdin:
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        h = hashlib.sha256()
+        while True:
+            b = os.read(fd, 1 << 20)
+            if not b:
+                break
+            h.update(b)
+        print(h.hexdigest(), flush=True)
+    except OSError as e:
+        print("failed: %s" % e, flush=True)
+"#;
+
+/// A process that keeps one file of the mount open across restarts (see [`HOLDER`]).
+struct OpenFile {
+    child: Child,
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+}
+
+impl OpenFile {
+    fn open(path: &Path) -> OpenFile {
+        let mut child = Command::new("python3")
+            .args(["-c", HOLDER])
+            .arg(path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start python3");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = std::io::BufReader::new(stdout).lines();
+        let first = lines.next().and_then(Result::ok);
+        assert_eq!(first.as_deref(), Some("open"), "the file did not open");
+        OpenFile { child, lines }
+    }
+
+    /// The SHA-256 of the whole file, read through the descriptor opened at the start.
+    fn read_all(&mut self) -> String {
+        use std::io::Write;
+        let stdin = self.child.stdin.as_mut().expect("stdin");
+        writeln!(stdin).expect("ask for a read");
+        stdin.flush().expect("flush");
+        self.lines
+            .next()
+            .and_then(Result::ok)
+            .unwrap_or_else(|| "failed: the holder died".into())
+    }
+}
+
+impl Drop for OpenFile {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        // Its exit flushes the file, which waits for a server: after a failed test there
+        // may be none until the fd holder goes, so do not wait for ever.
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline && !matches!(self.child.try_wait(), Ok(Some(_))) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The lines of the plugin's io mode record for `digest`: `p INO ID` for an inode in
+/// passthrough, `c INO` for a daemon-served one.
+fn io_modes(home: &Path, digest: &str) -> Vec<String> {
+    let hex = digest.trim_start_matches("blake3:");
+    std::fs::read_to_string(home.join("state/io-modes").join(hex))
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_open_by_passthrough_through_a_crash_can_be_opened_again() {
+    if !can_mount() {
+        eprintln!("SKIPPED: needs root and /dev/fuse to mount FUSE");
+        return;
+    }
+    // The kernel holds an inode open by passthrough to one backing id and fails (EIO) any
+    // other open of it that does not name the same id. A pod keeps its descriptor through
+    // a plugin crash; the next plugin must answer new opens with the old plugin's id.
+    let store = store_with_version("restart_passthrough").await;
+    let holder_dir = tempfile::tempdir().unwrap();
+    let holder_socket = holder_dir.path().join("fd-holder.sock");
+    let _holder = FdHolder::start(&holder_socket);
+    let holder_arg = format!("--fd-holder={}", holder_socket.display());
+    let plugin = Plugin::start(&store.url, &[holder_arg.as_str()]);
+    let target = plugin.dir.path().join("pods/a/volume");
+    let digest = store.digest.to_string();
+    let mut client = NodeClient::new(plugin.channel().await);
+    client
+        .node_publish_volume(common::publish_digest("vol", &target, &digest))
+        .await
+        .expect("publish");
+    let file = target.join("sub/weights.bin");
+    let expected = sha256_hex(&store.source.join("sub/weights.bin"));
+
+    // Read until the file is hydrated, then hold it open until its inode is in passthrough.
+    let started = Instant::now();
+    let mut held = loop {
+        assert_eq!(sha256_hex(&file), expected);
+        let held = OpenFile::open(&file);
+        if io_modes(plugin.dir.path(), &digest)
+            .iter()
+            .any(|l| l.starts_with("p "))
+        {
+            break held;
+        }
+        drop(held);
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the file was never opened by passthrough: {:?}\n{}",
+            io_modes(plugin.dir.path(), &digest),
+            plugin.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let recorded = io_modes(plugin.dir.path(), &digest);
+
+    let home = plugin.crash();
+    let plugin = Plugin::start_in(home, &store.url, &[holder_arg.as_str()]);
+    // Reads of the held descriptor wait for the new plugin, or need none (passthrough).
+    assert_eq!(
+        held.read_all(),
+        expected,
+        "the descriptor held through the crash"
+    );
+    // A new open of the inode: EIO if the new plugin registered a backing id of its own.
+    let started = Instant::now();
+    let fresh = loop {
+        match std::fs::read(&file) {
+            Ok(bytes) => break bytes,
+            Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+                // The new plugin is still starting.
+                assert!(started.elapsed() < Duration::from_secs(30), "{e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => panic!(
+                "opening the file again after the crash: {e}\n{}",
+                plugin.log()
+            ),
+        }
+    };
+    assert_eq!(
+        fresh,
+        std::fs::read(store.source.join("sub/weights.bin")).unwrap()
+    );
+    assert!(
+        plugin
+            .log()
+            .contains("inherited the previous server's io modes"),
+        "{}",
+        plugin.log()
+    );
+    assert_eq!(
+        io_modes(plugin.dir.path(), &digest),
+        recorded,
+        "the inode keeps its mode and backing id"
+    );
+    assert_eq!(held.read_all(), expected);
+    drop(held);
+
+    // Unpublishing takes the mount down and its record with it.
+    let mut client = NodeClient::new(plugin.channel().await);
+    client
+        .node_unpublish_volume(NodeUnpublishVolumeRequest {
+            volume_id: "vol".into(),
+            target_path: target.display().to_string(),
+        })
+        .await
+        .expect("unpublish");
+    assert!(io_modes(plugin.dir.path(), &digest).is_empty());
+}

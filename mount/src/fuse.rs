@@ -39,12 +39,19 @@ pub struct FuseAdapter {
 
 impl FuseAdapter {
     pub fn new(fs: Arc<SealedFs>, runtime: Handle) -> Self {
-        Self::with_passthrough(fs, runtime, true)
+        Self::with_passthrough(fs, runtime, true, None)
     }
 
     /// `passthrough`: answer opens of hydrated files with FUSE passthrough where the kernel
     /// and privileges allow (`crate::passthrough`); false serves every read in the daemon.
-    pub fn with_passthrough(fs: Arc<SealedFs>, runtime: Handle, passthrough: bool) -> Self {
+    /// `io_mode_record`: where a restartable mount records its inodes' io modes for the
+    /// server that resumes it (`crate::io_modes`).
+    pub fn with_passthrough(
+        fs: Arc<SealedFs>,
+        runtime: Handle,
+        passthrough: bool,
+        io_mode_record: Option<&std::path::Path>,
+    ) -> Self {
         // SAFETY: getuid/getgid cannot fail and touch no memory.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         FuseAdapter {
@@ -52,8 +59,21 @@ impl FuseAdapter {
             runtime,
             uid,
             gid,
-            passthrough: Passthrough::new(passthrough),
+            passthrough: Passthrough::new(
+                passthrough,
+                io_mode_record.map(crate::io_modes::IoModeRecord::new),
+            ),
         }
+    }
+
+    /// Before serving a connection this process mounted.
+    pub(crate) fn start_fresh(&self) {
+        self.passthrough.start_fresh();
+    }
+
+    /// Before serving a live connection another server left: takes over its io modes.
+    pub(crate) fn inherit_io_modes(&self) {
+        self.passthrough.inherit(&self.fs);
     }
 
     fn attr(&self, a: &Attr) -> FileAttr {

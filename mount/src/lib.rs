@@ -23,6 +23,7 @@ pub mod fetch;
 pub mod fs;
 pub mod fuse;
 pub mod hydrate;
+mod io_modes;
 pub mod limits;
 mod lru;
 pub mod metrics;

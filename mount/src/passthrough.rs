@@ -10,6 +10,11 @@
 //!   fails with EIO): while daemon-served handles are open, new opens stay daemon-served
 //!   even if the file became hydrated meanwhile, and vice versa.
 //!
+//! A restartable mount records each inode's mode (`crate::io_modes`) before answering the
+//! open that set it, and a process that resumes the mount inherits the record: recorded
+//! inodes keep their mode and backing id while it serves, for the previous process's handles
+//! may still be open. With no record to inherit, a resumed process serves every read itself.
+//!
 //! While a backing file is registered its cache entry is pinned, so eviction never takes
 //! it from under an open handle. Where passthrough is unavailable (the kernel did not offer
 //! `FUSE_PASSTHROUGH`, the daemon lacks CAP_SYS_ADMIN, the backing file is refused), opens
@@ -24,21 +29,35 @@ use parking_lot::Mutex;
 
 use crate::cache::Key;
 use crate::fs::SealedFs;
+use crate::io_modes::{IoModeRecord, Recorded};
 use crate::metrics::MountMetrics;
 
 /// How an inode is open now.
 enum InodeIo {
-    /// Served by the daemon: this many handles.
-    Cached(u32),
+    /// Served by the daemon: this many handles of ours.
+    Cached { opens: u32, inherited: bool },
     /// Served by the kernel from a backing file.
     Passthrough {
-        backing: BackingId,
+        /// The registered backing file's id; `backing` owns it once this process has used
+        /// it (an inherited id is wrapped at its first open here).
+        id: u32,
+        backing: Option<BackingId>,
         /// The cache entry pinned while the backing file is registered.
-        key: Key,
+        key: Option<Key>,
         /// Kept open with the registration (the kernel holds its own reference too).
-        _file: File,
+        _file: Option<File>,
         opens: u32,
+        inherited: bool,
     },
+}
+
+impl InodeIo {
+    fn recorded(&self) -> Recorded {
+        match self {
+            InodeIo::Cached { .. } => Recorded::Cached,
+            InodeIo::Passthrough { id, .. } => Recorded::Passthrough(*id),
+        }
+    }
 }
 
 /// The passthrough state of one mount.
@@ -48,15 +67,18 @@ pub(crate) struct Passthrough {
     inodes: Mutex<HashMap<u64, InodeIo>>,
     /// Open handles and their inode, for `release`.
     handles: Mutex<HashMap<u64, u64>>,
+    /// Where a restartable mount records its inodes' modes.
+    record: Option<IoModeRecord>,
     warned: AtomicBool,
 }
 
 impl Passthrough {
-    pub fn new(wanted: bool) -> Self {
+    pub fn new(wanted: bool, record: Option<IoModeRecord>) -> Self {
         Passthrough {
             enabled: AtomicBool::new(wanted),
             inodes: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
+            record,
             warned: AtomicBool::new(false),
         }
     }
@@ -81,6 +103,79 @@ impl Passthrough {
         }
     }
 
+    /// A new FUSE connection: what an earlier one recorded means nothing to it.
+    pub fn start_fresh(&self) {
+        if let Some(record) = &self.record
+            && let Err(e) = record.remove()
+        {
+            tracing::warn!(path = %record.path().display(), error = %e, "removing an old io mode record");
+        }
+    }
+
+    /// Resuming a live connection: takes over the modes the previous process recorded.
+    pub fn inherit(&self, fs: &SealedFs) {
+        let loaded = match &self.record {
+            Some(record) => record
+                .load()
+                .map_err(|e| format!("reading {}: {e}", record.path().display())),
+            None => Ok(None),
+        };
+        let modes = match loaded {
+            Ok(Some(modes)) => modes,
+            Ok(None) | Err(_) => {
+                // The previous process's handles may be in either mode: serving every open
+                // ourselves (cached) is right unless it used passthrough, which it records.
+                let reason = match loaded {
+                    Err(e) => e,
+                    _ => "no record of the previous server's io modes".to_string(),
+                };
+                self.set_available(false, &reason);
+                return;
+            }
+        };
+        let mut inodes = self.inodes.lock();
+        for (ino, mode) in modes {
+            let io = match mode {
+                Recorded::Cached => InodeIo::Cached {
+                    opens: 0,
+                    inherited: true,
+                },
+                Recorded::Passthrough(id) => {
+                    let key = fs.hydrated_copy(ino).map(|(_, key)| key);
+                    if let (Some(key), Some(disk)) = (key, fs.cache().disk()) {
+                        disk.pin(key);
+                    }
+                    InodeIo::Passthrough {
+                        id,
+                        backing: None,
+                        key,
+                        _file: None,
+                        opens: 0,
+                        inherited: true,
+                    }
+                }
+            };
+            inodes.insert(ino, io);
+        }
+        tracing::info!(
+            inodes = inodes.len(),
+            "inherited the previous server's io modes"
+        );
+    }
+
+    /// Writes the record after a change of `inodes`, before the kernel hears of it.
+    fn write_record(&self, inodes: &HashMap<u64, InodeIo>) {
+        if let Some(record) = &self.record
+            && let Err(e) = record.write(inodes.iter().map(|(ino, io)| (*ino, io.recorded())))
+        {
+            tracing::warn!(
+                path = %record.path().display(),
+                error = %e,
+                "recording io modes failed: a server that resumes this mount may fail opens"
+            );
+        }
+    }
+
     /// Answers an open of `ino` (handle `fh`, from [`SealedFs::open`]): passthrough if the
     /// file is hydrated and the inode allows it, daemon-served otherwise.
     pub fn open(&self, fs: &SealedFs, ino: u64, fh: u64, reply: ReplyOpen) {
@@ -91,12 +186,18 @@ impl Passthrough {
         let mut inodes = self.inodes.lock();
         self.handles.lock().insert(fh, ino);
         match inodes.get_mut(&ino) {
-            Some(InodeIo::Passthrough { backing, opens, .. }) => {
+            Some(InodeIo::Passthrough {
+                id, backing, opens, ..
+            }) => {
                 *opens += 1;
+                // SAFETY: an inherited id was registered on this connection by the previous
+                // server, which records an id before answering with it and forgets it
+                // before closing it, so the id names this inode's backing file.
+                let backing = backing.get_or_insert_with(|| unsafe { reply.wrap_backing(*id) });
                 MountMetrics::inc(&fs.metrics().passthrough_opens);
                 return reply.opened_passthrough(FileHandle(fh), passthrough, backing);
             }
-            Some(InodeIo::Cached(opens)) => {
+            Some(InodeIo::Cached { opens, .. }) => {
                 *opens += 1;
                 return reply.opened(FileHandle(fh), flags);
             }
@@ -117,16 +218,29 @@ impl Passthrough {
                 match registered {
                     Ok((file, backing)) => {
                         MountMetrics::inc(&fs.metrics().passthrough_opens);
-                        reply.opened_passthrough(FileHandle(fh), passthrough, &backing);
+                        // fuser shows the raw id only by giving up ownership; take it back.
+                        let id = backing.into_raw();
+                        // SAFETY: `id` was registered just now and nothing else owns it.
+                        let backing = unsafe { reply.wrap_backing(id) };
                         inodes.insert(
                             ino,
                             InodeIo::Passthrough {
-                                backing,
-                                key,
-                                _file: file,
+                                id,
+                                backing: Some(backing),
+                                key: Some(key),
+                                _file: Some(file),
                                 opens: 1,
+                                inherited: false,
                             },
                         );
+                        self.write_record(&inodes);
+                        if let Some(InodeIo::Passthrough {
+                            backing: Some(backing),
+                            ..
+                        }) = inodes.get(&ino)
+                        {
+                            reply.opened_passthrough(FileHandle(fh), passthrough, backing);
+                        }
                         return;
                     }
                     Err(e) => {
@@ -141,30 +255,67 @@ impl Passthrough {
                 }
             }
         }
-        inodes.insert(ino, InodeIo::Cached(1));
+        inodes.insert(
+            ino,
+            InodeIo::Cached {
+                opens: 1,
+                inherited: false,
+            },
+        );
+        self.write_record(&inodes);
         reply.opened(FileHandle(fh), flags);
     }
 
-    /// A handle is released: the backing file goes with the inode's last passthrough handle.
+    /// A handle is released: the backing file goes with the inode's last passthrough handle
+    /// (an inherited inode keeps its mode: the previous server's handles may be open).
     pub fn release(&self, fs: &SealedFs, fh: u64) {
         let Some(ino) = self.handles.lock().remove(&fh) else {
             return;
         };
         let mut inodes = self.inodes.lock();
         let last = match inodes.get_mut(&ino) {
-            Some(InodeIo::Cached(opens)) | Some(InodeIo::Passthrough { opens, .. }) => {
+            Some(InodeIo::Cached { opens, inherited })
+            | Some(InodeIo::Passthrough {
+                opens, inherited, ..
+            }) => {
                 *opens = opens.saturating_sub(1);
-                *opens == 0
+                *opens == 0 && !*inherited
             }
             None => false,
         };
         if !last {
             return;
         }
-        if let Some(InodeIo::Passthrough { key, .. }) = inodes.remove(&ino)
+        let Some(gone) = inodes.remove(&ino) else {
+            return;
+        };
+        // Forgotten in the record before the id is closed (when `gone` drops), so a resumed
+        // server never inherits a closed id.
+        self.write_record(&inodes);
+        if let InodeIo::Passthrough { key: Some(key), .. } = &gone
             && let Some(disk) = fs.cache().disk()
         {
-            disk.unpin(key);
+            disk.unpin(*key);
+        }
+        drop(gone);
+    }
+}
+
+impl Drop for Passthrough {
+    /// A restartable mount outlives this server: its backing ids stay registered for the
+    /// next one, which inherits them from the record (the kernel drops them at unmount).
+    fn drop(&mut self) {
+        if self.record.is_none() {
+            return;
+        }
+        for io in self.inodes.get_mut().drain().map(|(_, io)| io) {
+            if let InodeIo::Passthrough {
+                backing: Some(backing),
+                ..
+            } = io
+            {
+                backing.into_raw();
+            }
         }
     }
 }

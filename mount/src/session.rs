@@ -47,6 +47,10 @@ pub struct MountOptions {
     /// Serve hydrated files by FUSE passthrough where the kernel and privileges allow
     /// (`crate::passthrough`); false serves every read in the daemon.
     pub passthrough: bool,
+    /// With `restartable`: the file where the mount records its inodes' io modes, which the
+    /// server that resumes it must inherit (`crate::io_modes`). Without it a resumed mount
+    /// cannot know the previous server's modes and serves every read itself.
+    pub io_mode_record: Option<PathBuf>,
 }
 
 impl Default for MountOptions {
@@ -61,6 +65,7 @@ impl Default for MountOptions {
             restartable: false,
             limits: MountLimits::default(),
             passthrough: true,
+            io_mode_record: None,
         }
     }
 }
@@ -349,6 +354,7 @@ fn prepare(
         fs.clone(),
         tokio::runtime::Handle::current(),
         options.passthrough,
+        options.io_mode_record.as_deref(),
     );
 
     let mut config = Config::default();
@@ -387,6 +393,7 @@ async fn spawn_prepared(
         adapter,
         config,
     } = prepared;
+    adapter.start_fresh();
     let mountpoint = mountpoint.to_path_buf();
     let mp = mountpoint.clone();
     let session = tokio::task::spawn_blocking(move || Session::new(adapter, &mp, &config))
@@ -422,6 +429,7 @@ async fn resume_prepared(
         path: mountpoint.clone(),
         source,
     };
+    adapter.inherit_io_modes();
     let session = crate::reattach::session_for_live_fd(adapter, fuse, config)
         .map_err(|e| mount_err(io::Error::new(e.kind(), format!("re-attaching: {e}"))))?;
     // Before any worker reads: requests the old server had taken join the pending queue.

@@ -254,7 +254,7 @@ impl Driver {
                 manifest,
                 &dir,
                 self.cache.clone(),
-                self.mount_options.clone(),
+                self.mount_options_for(digest),
             )
             .await?;
             Ok(handle)
@@ -275,6 +275,7 @@ impl Driver {
         }
         let _ = std::fs::remove_dir(&dir);
         self.manifests.remove(&digest);
+        let _ = std::fs::remove_file(self.io_mode_record(&digest));
         tracing::info!(%digest, "FUSE mount released");
     }
 }

@@ -215,7 +215,7 @@ impl Driver {
             fd,
             &dir,
             self.cache.clone(),
-            self.mount_options.clone(),
+            self.mount_options_for(&digest),
         )
         .await;
         let handle = match resumed {
