@@ -27,7 +27,7 @@ use crate::breaker::{Admission, Breakers};
 use crate::cache::{DiskCache, MemoryCache};
 use crate::error::{FetchError, MountError};
 use crate::metrics::{MountMetrics, Tier};
-use crate::peer::{PeerTier, Route};
+use crate::peer::{PeerAnswer, PeerTier, Route};
 use crate::readahead::ReadaheadBudget;
 
 /// How long to wait for the object store, and how often to try.
@@ -480,9 +480,13 @@ impl NodeCache {
     /// (fetch from the origin) if no peer had it or a peer's bytes were wrong.
     async fn fetch_from_peer(&self, peers: &dyn PeerTier, chunk: &ChunkRef) -> Option<Bytes> {
         let metrics = &self.inner.metrics;
-        let Some(data) = peers.fetch(*chunk).await else {
-            MountMetrics::inc(&metrics.peer_fallbacks);
-            return None;
+        let data = match peers.fetch(*chunk).await {
+            PeerAnswer::Chunk(data) => data,
+            PeerAnswer::OwnedHere => return None,
+            PeerAnswer::Missed => {
+                MountMetrics::inc(&metrics.peer_fallbacks);
+                return None;
+            }
         };
         let actual = Digest::of(&data);
         if actual != chunk.digest || chunk.check_len(&data).is_err() {

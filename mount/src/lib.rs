@@ -41,7 +41,7 @@ pub use fetch::{FetchPolicy, NodeCache, NodeCacheOptions};
 pub use fs::{SealedFs, StatFs};
 pub use limits::MountLimits;
 pub use metrics::{HistogramSnapshot, MetricsSnapshot, MountMetrics, Tier};
-pub use peer::PeerTier;
+pub use peer::{PeerAnswer, PeerTier};
 pub use prefetch::{PrefetchReport, PrefetchSelection};
 pub use readahead::ReadaheadPolicy;
 pub use session::{MountHandle, MountOptions, unmount};

@@ -50,8 +50,9 @@ pub struct MountMetrics {
     pub bytes_read: AtomicU64,
     /// Reads answered with EIO.
     pub read_errors: AtomicU64,
-    /// Chunks and bytes the peer tier served (verified), chunks it did not have (fetched
-    /// from the origin instead), and chunks a peer served wrong (refetched from the origin).
+    /// Chunks and bytes the peer tier served (verified), chunks a peer was asked for and did
+    /// not serve (fetched from the origin instead; chunks this node owns are not counted),
+    /// and chunks a peer served wrong (refetched from the origin).
     pub peer_hits: AtomicU64,
     pub peer_bytes_fetched: AtomicU64,
     pub peer_fallbacks: AtomicU64,

@@ -13,12 +13,22 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use sealed_store::ChunkRef;
 
+/// What the peer tier answered for a chunk.
+#[derive(Debug)]
+pub enum PeerAnswer {
+    /// A peer's bytes (checked by the caller before use).
+    Chunk(Bytes),
+    /// This node owns the chunk (or has no peers): it is fetched from the origin by design.
+    OwnedHere,
+    /// A peer was asked and did not help (failed, too slow, down, busy): the origin instead.
+    Missed,
+}
+
 /// Other nodes' caches, asked before the origin.
 pub trait PeerTier: Send + Sync + 'static {
-    /// The bytes of `chunk` from a peer, or `None` to fetch it from the origin (no peer owns
-    /// it, the owner is this node, the peer failed or was too slow). An implementation bounds
+    /// A peer's bytes of `chunk`, or why the origin must serve it. An implementation bounds
     /// its own time: the reader waits for this before it falls back to the origin.
-    fn fetch(&self, chunk: ChunkRef) -> BoxFuture<'static, Option<Bytes>>;
+    fn fetch(&self, chunk: ChunkRef) -> BoxFuture<'static, PeerAnswer>;
 }
 
 /// Where a fetch that misses both local tiers may go next.

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use sealed_mount::PeerTier;
+use sealed_mount::{PeerAnswer, PeerTier};
 use sealed_store::ChunkRef;
 
 use crate::metrics::PeerMetrics;
@@ -69,14 +69,14 @@ impl PeerClient {
 }
 
 impl PeerTier for PeerClient {
-    fn fetch(&self, chunk: ChunkRef) -> BoxFuture<'static, Option<Bytes>> {
+    fn fetch(&self, chunk: ChunkRef) -> BoxFuture<'static, PeerAnswer> {
         let inner = self.inner.clone();
         async move {
             let role = inner.ring.borrow().role(&inner.me, &chunk.digest);
-            match role {
+            let answer = match role {
                 Role::Alone | Role::Primary => {
                     PeerMetrics::inc(&inner.metrics.owned_here);
-                    None
+                    return PeerAnswer::OwnedHere;
                 }
                 // A secondary's request goes one hop only, in half the bound: the requester
                 // that may be waiting on it still has time for the origin.
@@ -88,7 +88,8 @@ impl PeerTier for PeerClient {
                 Role::Requester { owner } => {
                     inner.ask(&owner, chunk, false, inner.request_timeout).await
                 }
-            }
+            };
+            answer.map_or(PeerAnswer::Missed, PeerAnswer::Chunk)
         }
         .boxed()
     }
@@ -223,4 +224,40 @@ enum Failure {
     /// The owner is at its bound of concurrent requests: not a sign it is down.
     Busy,
     Broken(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sealed_store::Digest;
+
+    /// Chunks this node owns are not asked of anyone (and are not misses); chunks a peer
+    /// owns but cannot serve (nothing listens there) are misses.
+    #[tokio::test]
+    async fn owned_chunks_are_not_misses_and_a_dead_owner_is() {
+        let me = "127.0.0.1:1".to_string();
+        let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let other = dead.local_addr().unwrap().to_string();
+        drop(dead);
+        let members = crate::membership::fixed(vec![me.clone(), other], 64);
+        let token = PeerToken::new("a-test-token-of-enough-length-0123456789").unwrap();
+        let options = PeerOptions::new("127.0.0.1:0".parse().unwrap(), me, token);
+        let metrics = Arc::new(PeerMetrics::default());
+        let client = PeerClient::new(&options, members.view.clone(), metrics.clone()).unwrap();
+        let (mut owned, mut missed) = (0, 0);
+        for i in 0u32..64 {
+            let chunk = ChunkRef {
+                digest: Digest::of(&i.to_le_bytes()),
+                len: 4,
+            };
+            match client.fetch(chunk).await {
+                PeerAnswer::OwnedHere => owned += 1,
+                PeerAnswer::Missed => missed += 1,
+                PeerAnswer::Chunk(_) => panic!("nothing serves chunks here"),
+            }
+        }
+        assert!(owned > 0 && missed > 0, "owned {owned}, missed {missed}");
+        let seen = metrics.snapshot();
+        assert_eq!(seen.owned_here, owned);
+    }
 }
