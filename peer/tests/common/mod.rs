@@ -227,11 +227,43 @@ pub fn is_mounted(dir: &Path) -> bool {
 
 /// Reads every file of the version through `mnt` in 1 MiB reads, adding to `progress`,
 /// sleeping `pause` after each read; returns the files whose bytes differ.
+/// Where readers stop until the test lets them go on: once `progress` reaches `at`, reads
+/// wait for [`Gate::open`] (a test changes the fleet meanwhile, whatever the machine's speed).
+pub struct Gate {
+    at: u64,
+    open: std::sync::atomic::AtomicBool,
+}
+
+impl Gate {
+    pub fn at(at: u64) -> Arc<Gate> {
+        Arc::new(Gate {
+            at,
+            open: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// A gate readers never stop at.
+    pub fn none() -> Arc<Gate> {
+        Gate::at(u64::MAX)
+    }
+
+    pub fn open(&self) {
+        self.open.store(true, Ordering::Relaxed);
+    }
+
+    fn pass(&self, progress: u64) {
+        while progress >= self.at && !self.open.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
 pub fn read_all(
     mnt: &Path,
     files: &[(String, Vec<u8>)],
     progress: &AtomicU64,
     pause: Duration,
+    gate: &Gate,
 ) -> Vec<String> {
     let mut wrong = Vec::new();
     let mut buf = vec![0u8; 1 << 20];
@@ -247,7 +279,8 @@ pub fn read_all(
                 break;
             }
             got.extend_from_slice(&buf[..n]);
-            progress.fetch_add(n as u64, Ordering::Relaxed);
+            let done = progress.fetch_add(n as u64, Ordering::Relaxed) + n as u64;
+            gate.pass(done);
             if !pause.is_zero() {
                 std::thread::sleep(pause);
             }
@@ -266,12 +299,22 @@ pub fn read_at_once(
     files: &Arc<Vec<(String, Vec<u8>)>>,
     pause: Duration,
 ) -> (Arc<AtomicU64>, Vec<std::thread::JoinHandle<Vec<String>>>) {
+    read_at_once_gated(mnts, files, pause, Gate::none())
+}
+
+/// [`read_at_once`], the readers stopping at `gate`.
+pub fn read_at_once_gated(
+    mnts: Vec<PathBuf>,
+    files: &Arc<Vec<(String, Vec<u8>)>>,
+    pause: Duration,
+    gate: Arc<Gate>,
+) -> (Arc<AtomicU64>, Vec<std::thread::JoinHandle<Vec<String>>>) {
     let progress = Arc::new(AtomicU64::new(0));
     let handles = mnts
         .into_iter()
         .map(|mnt| {
-            let (files, progress) = (files.clone(), progress.clone());
-            std::thread::spawn(move || read_all(&mnt, &files, &progress, pause))
+            let (files, progress, gate) = (files.clone(), progress.clone(), gate.clone());
+            std::thread::spawn(move || read_all(&mnt, &files, &progress, pause, &gate))
         })
         .collect();
     (progress, handles)
