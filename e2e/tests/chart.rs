@@ -17,6 +17,7 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
 use k8s_openapi::api::storage::v1::CSIDriver;
+use sealed_test_support::servers::built_binary;
 use serde_json::Value;
 
 const CHART: &str = "charts/sealed-volumes";
@@ -968,16 +969,6 @@ fn bad_values_fail_with_the_field_named() {
     // No store URL: a clear message rather than a plugin that crash-loops.
     let err = run_helm(&helm, &["template", "sv", CHART]).expect_err("no store.url was accepted");
     assert!(err.contains("store.url is required"), "{err}");
-}
-
-/// The cargo-built binary `name`, when there is one (`$CARGO_TARGET_DIR/debug`, else
-/// `target/debug`).
-fn built_binary(name: &str) -> Option<PathBuf> {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target"));
-    let path = target.join("debug").join(name);
-    path.is_file().then_some(path)
 }
 
 #[test]

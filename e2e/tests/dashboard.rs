@@ -10,12 +10,12 @@
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use sealed_test_support::servers::{free_port, repo_root};
+use sealed_test_support::servers::{built_binary, free_port, repo_root};
 
 const FILES: &str = "charts/sealed-volumes/files";
 
@@ -30,14 +30,6 @@ impl Drop for Running {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn built_binary(name: &str) -> Option<PathBuf> {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("target"));
-    let path = target.join("debug").join(name);
-    path.is_file().then_some(path)
 }
 
 /// `GET /metrics` on 127.0.0.1:`port`, retried until the process serves it (or 20 s pass).

@@ -114,22 +114,17 @@ impl Passthrough {
 
     /// Resuming a live connection: takes over the modes the previous process recorded.
     pub fn inherit(&self, fs: &SealedFs) {
-        let loaded = match &self.record {
-            Some(record) => record
-                .load()
-                .map_err(|e| format!("reading {}: {e}", record.path().display())),
-            None => Ok(None),
-        };
-        let modes = match loaded {
-            Ok(Some(modes)) => modes,
-            Ok(None) | Err(_) => {
-                // The previous process's handles may be in either mode: serving every open
-                // ourselves (cached) is right unless it used passthrough, which it records.
-                let reason = match loaded {
-                    Err(e) => e,
-                    _ => "no record of the previous server's io modes".to_string(),
-                };
+        // The previous process's handles may be in either mode: serving every open ourselves
+        // (cached) is right unless it used passthrough, which it records.
+        let modes = match self.record.as_ref().map(|record| (record, record.load())) {
+            Some((_, Ok(Some(modes)))) => modes,
+            Some((record, Err(e))) => {
+                let reason = format!("reading {}: {e}", record.path().display());
                 self.set_available(false, &reason);
+                return;
+            }
+            _ => {
+                self.set_available(false, "no record of the previous server's io modes");
                 return;
             }
         };

@@ -33,6 +33,16 @@ pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// The cargo-built binary `name`, when there is one (`$CARGO_TARGET_DIR/debug`, else
+/// `target/debug`): `cargo test --workspace` builds every package's binaries first.
+pub fn built_binary(name: &str) -> Option<PathBuf> {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"));
+    let path = target.join("debug").join(name);
+    path.is_file().then_some(path)
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
