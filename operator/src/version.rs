@@ -28,8 +28,12 @@ pub const FINALIZER: &str = "sealedvolumes.io/trash";
 const VERSION_MANAGER: &str = "sealed-operator-version";
 /// The Ready reason of a version the operator did not make.
 pub const NOT_ATTESTED: &str = "NotAttested";
-/// Retention when the volume is already gone: the documented default, 7 days.
+/// Retention when neither the volume nor the version says: the documented default, 7 days.
 const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The volume's `spec.retention.deletedVersions`, copied onto each of its versions by the
+/// operator: a version deleted after its volume (the garbage collector deletes owned versions
+/// once the volume is gone) is still kept for its own volume's retention.
+pub const RETENTION_ANNOTATION: &str = "sealedvolumes.io/retention";
 
 pub async fn reconcile(version: Arc<SealedVolumeVersion>, ctx: Arc<Context>) -> Result<Action> {
     let namespace = version.namespace().unwrap_or_default();
@@ -79,8 +83,18 @@ pub fn error_policy(version: Arc<SealedVolumeVersion>, error: &Error, ctx: Arc<C
 /// longest allowed ([`MAX_DURATION`]) for a value over it (what its writer wanted is "long"),
 /// the default for one that is not a duration. Never a panic, whatever the API server let in.
 fn retention_of(volume: &SealedVolume) -> std::result::Result<Duration, (Duration, String)> {
-    let value = &volume.spec.retention.deleted_versions;
-    let (used, what) = match parse_duration_checked(value) {
+    parse_retention(
+        &volume.spec.retention.deleted_versions,
+        &format!(
+            "spec.retention.deletedVersions of SealedVolume {}",
+            volume.name_any()
+        ),
+    )
+}
+
+/// `value` (named `what` in the message) as a retention, as [`retention_of`].
+fn parse_retention(value: &str, what: &str) -> std::result::Result<Duration, (Duration, String)> {
+    let (used, kept) = match parse_duration_checked(value) {
         Ok(d) => return Ok(d),
         Err(DurationError::TooLong(_)) => {
             (MAX_DURATION, format!("the maximum, {MAX_DURATION_TEXT}"))
@@ -91,11 +105,41 @@ fn retention_of(volume: &SealedVolume) -> std::result::Result<Duration, (Duratio
     Err((
         used,
         format!(
-            "spec.retention.deletedVersions of SealedVolume {} is {shown:?}, not a duration from \
-             0 to {MAX_DURATION_TEXT} (100 years); the version is kept for {what}",
-            volume.name_any()
+            "{what} is {shown:?}, not a duration from 0 to {MAX_DURATION_TEXT} (100 years); the \
+             version is kept for {kept}"
         ),
     ))
+}
+
+/// Where a deleted version's retention comes from: its volume while it exists (also while
+/// it is being deleted), else the retention the operator copied onto the version
+/// ([`RETENTION_ANNOTATION`]), else the default.
+fn retention_for(
+    version: &SealedVolumeVersion,
+    volume: Option<&SealedVolume>,
+) -> std::result::Result<Duration, (Duration, String)> {
+    if let Some(volume) = volume {
+        return retention_of(volume);
+    }
+    match version.annotations().get(RETENTION_ANNOTATION) {
+        Some(value) => parse_retention(
+            value,
+            &format!(
+                "annotation {RETENTION_ANNOTATION} of SealedVolumeVersion {}",
+                version.name_any()
+            ),
+        ),
+        None => Ok(DEFAULT_RETENTION),
+    }
+}
+
+/// Whether `version` is owned, as controller, by the SealedVolume it names: what the operator
+/// gives the versions it creates (syncs, imports, restores), and what the CSI plugin asks of
+/// a version before it authorizes a mount.
+pub fn operator_owned(version: &SealedVolumeVersion) -> bool {
+    version.owner_references().iter().any(|o| {
+        o.controller == Some(true) && o.kind == "SealedVolume" && o.name == version.spec.volume
+    })
 }
 
 fn parse_digest(version: &SealedVolumeVersion) -> Result<Digest> {
@@ -283,19 +327,17 @@ async fn refuse_unattested(
     Ok(Action::requeue(Duration::from_secs(300)))
 }
 
-/// Labels the version with its volume and makes the volume its owner, so deleting the
-/// volume deletes (and trashes) its versions, as it does for the ones syncs create.
+/// Labels the version with its volume and copies the volume's retention onto it. It adds no
+/// ownerReference: a version someone applied (from Git, with Argo CD or Flux) stays theirs to
+/// prune, and a GitOps tool leaves alone whatever has an owner. Such versions are deleted with
+/// their volume by the volume's finalizer instead ([`crate::volume`]).
 async fn link_to_volume(
     version: &SealedVolumeVersion,
     ctx: &Context,
     api: &Api<SealedVolumeVersion>,
 ) -> Result<()> {
     let labelled = version.labels().get(VOLUME_LABEL) == Some(&version.spec.volume);
-    let owned = version
-        .owner_references()
-        .iter()
-        .any(|o| o.kind == "SealedVolume" && o.name == version.spec.volume);
-    if labelled && owned {
+    if labelled && version.annotations().contains_key(RETENTION_ANNOTATION) {
         return Ok(());
     }
     let namespace = version.namespace().unwrap_or_default();
@@ -303,19 +345,38 @@ async fn link_to_volume(
     let Some(volume) = volumes.get_opt(&version.spec.volume).await? else {
         return Ok(());
     };
-    let mut patch = json!({ "metadata": { "labels": { VOLUME_LABEL: version.spec.volume } } });
-    if !owned && let Some(owner) = volume.controller_owner_ref(&()) {
-        let mut owners = version.owner_references().to_vec();
-        owners.push(owner);
-        patch["metadata"]["ownerReferences"] = json!(owners);
+    keep_retention(api, version, &volume).await
+}
+
+/// Sets the volume label and [`RETENTION_ANNOTATION`] of `version` to `volume`'s, unless they
+/// are so already.
+pub async fn keep_retention(
+    api: &Api<SealedVolumeVersion>,
+    version: &SealedVolumeVersion,
+    volume: &SealedVolume,
+) -> Result<()> {
+    let retention = &volume.spec.retention.deleted_versions;
+    let labelled = version.labels().get(VOLUME_LABEL) == Some(&version.spec.volume);
+    if labelled && version.annotations().get(RETENTION_ANNOTATION) == Some(retention) {
+        return Ok(());
     }
-    api.patch(
-        &version.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await?;
-    Ok(())
+    let patch = json!({ "metadata": {
+        "labels": { VOLUME_LABEL: version.spec.volume },
+        "annotations": { RETENTION_ANNOTATION: retention },
+    }});
+    match api
+        .patch(
+            &version.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Gone in the meantime: nothing to keep.
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 async fn cleanup(version: &SealedVolumeVersion, ctx: &Context) -> Result<Action> {
@@ -387,17 +448,16 @@ async fn cleanup(version: &SealedVolumeVersion, ctx: &Context) -> Result<Action>
         });
     }
     let volumes: Api<SealedVolume> = Api::namespaced(ctx.client.clone(), &namespace);
-    let retention = match volumes.get_opt(&version.spec.volume).await? {
-        Some(v) => match retention_of(&v) {
-            Ok(retention) => retention,
-            Err((retention, problem)) => {
-                // Only a CRD older than its bound admits such a value: say what is used.
-                ctx.event(&reference, true, "InvalidRetention", "Delete", problem)
-                    .await;
-                retention
-            }
-        },
-        None => DEFAULT_RETENTION,
+    let volume = volumes.get_opt(&version.spec.volume).await?;
+    let retention = match retention_for(version, volume.as_ref()) {
+        Ok(retention) => retention,
+        Err((retention, problem)) => {
+            // Only a CRD older than its bound (or a hand-edited annotation) admits such a
+            // value: say what is used.
+            ctx.event(&reference, true, "InvalidRetention", "Delete", problem)
+                .await;
+            retention
+        }
     };
     match sealed_store::trash::trash_version(&ctx.store, &digest, retention).await {
         Ok(record) => {
@@ -463,5 +523,65 @@ mod tests {
         // The store's bound is the same: the maximum is a retention it takes.
         assert_eq!(sealed_store::limits::MAX_DURATION, MAX_DURATION);
         let _ = retention_of(&volume(&"9".repeat(10_000)));
+    }
+
+    fn version(annotation: Option<&str>) -> SealedVolumeVersion {
+        let mut v = SealedVolumeVersion::new(
+            "llama-0123456789abcdef",
+            sealed_crds::SealedVolumeVersionSpec {
+                volume: "llama".into(),
+                digest: sealed_store::Digest::of(b"v").to_string(),
+            },
+        );
+        if let Some(a) = annotation {
+            v.annotations_mut()
+                .insert(RETENTION_ANNOTATION.into(), a.into());
+        }
+        v
+    }
+
+    #[test]
+    fn a_version_deleted_after_its_volume_keeps_the_volumes_retention() {
+        let h = Duration::from_secs(3600);
+        // The live volume wins (it may have changed since the annotation was written).
+        assert_eq!(
+            retention_for(&version(Some("1h")), Some(&volume("72h"))),
+            Ok(72 * h)
+        );
+        // The volume is gone: the retention copied onto the version.
+        assert_eq!(retention_for(&version(Some("720h")), None), Ok(720 * h));
+        assert_eq!(retention_for(&version(Some("0")), None), Ok(Duration::ZERO));
+        // Neither: the default.
+        assert_eq!(retention_for(&version(None), None), Ok(DEFAULT_RETENTION));
+        // A hand-edited annotation is bounded and named like the volume's field.
+        let (used, message) = retention_for(&version(Some("forever")), None).unwrap_err();
+        assert_eq!(used, DEFAULT_RETENTION);
+        assert!(
+            message.contains(RETENTION_ANNOTATION) && message.contains("llama-0123456789abcdef"),
+            "{message}"
+        );
+        let (used, _) = retention_for(&version(Some("3000000000h")), None).unwrap_err();
+        assert_eq!(used, MAX_DURATION);
+    }
+
+    #[test]
+    fn only_a_controller_reference_to_its_own_volume_is_the_operators() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+        let owner = |controller, name: &str| OwnerReference {
+            api_version: sealed_crds::API_VERSION.into(),
+            kind: "SealedVolume".into(),
+            name: name.into(),
+            uid: "u".into(),
+            controller,
+            block_owner_deletion: None,
+        };
+        let mut v = version(None);
+        assert!(!operator_owned(&v), "applied by hand: no owner");
+        v.metadata.owner_references = Some(vec![owner(Some(false), "llama")]);
+        assert!(!operator_owned(&v));
+        v.metadata.owner_references = Some(vec![owner(Some(true), "other")]);
+        assert!(!operator_owned(&v));
+        v.metadata.owner_references = Some(vec![owner(Some(true), "llama")]);
+        assert!(operator_owned(&v));
     }
 }

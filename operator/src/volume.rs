@@ -25,6 +25,10 @@ use crate::sync::{
 
 /// Field manager of the sync outcome fields the volume controller writes on a version.
 const SYNC_MANAGER: &str = "sealed-operator-sync";
+/// Held by a volume while it has versions someone applied (they have no ownerReference, so
+/// the garbage collector would not delete them with the volume): on deletion it deletes
+/// them, and each goes to the trash for the volume's retention.
+pub const FINALIZER: &str = "sealedvolumes.io/versions";
 
 pub async fn reconcile(volume: Arc<SealedVolume>, ctx: Arc<Context>) -> Result<Action> {
     if !ctx.config.watches(&volume.namespace().unwrap_or_default()) {
@@ -79,8 +83,14 @@ async fn reconcile_inner(volume: &SealedVolume, ctx: &Context) -> Result<Action>
     let namespace = volume.namespace().unwrap_or_default();
     let name = volume.name_any();
     if volume.metadata.deletion_timestamp.is_some() {
-        // Its versions go with it (owner references); a running sync is pointless now.
+        // Its versions go with it: the ones the operator made through their owner
+        // references, the ones someone applied through the finalizer. A running sync is
+        // pointless now.
         ctx.executor.forget(&namespace, &name);
+        if volume.finalizers().iter().any(|f| f == FINALIZER) {
+            delete_applied_versions(volume, ctx).await?;
+            set_finalizer(volume, ctx, false).await?;
+        }
         return Ok(Action::await_change());
     }
     let generation = volume.metadata.generation;
@@ -511,6 +521,10 @@ async fn create_version(
             VOLUME_LABEL.to_string(),
             volume.name_any(),
         )])),
+        annotations: Some(BTreeMap::from([(
+            crate::version::RETENTION_ANNOTATION.to_string(),
+            volume.spec.retention.deleted_versions.clone(),
+        )])),
         owner_references: owner_reference(volume).map(|o| vec![o]),
         ..Default::default()
     };
@@ -531,9 +545,79 @@ async fn create_version(
     .await
 }
 
-/// Deleting a volume deletes its versions (which moves them to the trash).
+/// The owner of the versions the operator creates: deleting the volume deletes them (which
+/// moves them to the trash). It is a controller reference because the CSI plugin mounts only
+/// versions controlled by their volume; such versions are not in Git, so no GitOps tool needs
+/// to prune them. Versions someone applies get none ([`crate::version`]).
 pub fn owner_reference(volume: &SealedVolume) -> Option<OwnerReference> {
     volume.controller_owner_ref(&())
+}
+
+/// Adds (`true`) or removes [`FINALIZER`] on the volume, unless it is so already. The
+/// resourceVersion in the patch makes it conditional: a list changed meanwhile is a conflict,
+/// and the change that made it brings the volume back for another look.
+async fn set_finalizer(volume: &SealedVolume, ctx: &Context, on: bool) -> Result<()> {
+    let held = volume.finalizers().iter().any(|f| f == FINALIZER);
+    if held == on {
+        return Ok(());
+    }
+    let mut finalizers: Vec<String> = volume
+        .finalizers()
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .cloned()
+        .collect();
+    if on {
+        finalizers.push(FINALIZER.to_owned());
+    }
+    let patch = json!({ "metadata": {
+        "finalizers": finalizers,
+        "resourceVersion": volume.resource_version(),
+    }});
+    let api: Api<SealedVolume> =
+        Api::namespaced(ctx.client.clone(), &volume.namespace().unwrap_or_default());
+    match api
+        .patch(
+            &volume.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Deletes the versions of a volume being deleted that the garbage collector would not (no
+/// ownerReference: someone applied them), after copying the volume's retention onto them.
+async fn delete_applied_versions(volume: &SealedVolume, ctx: &Context) -> Result<()> {
+    let namespace = volume.namespace().unwrap_or_default();
+    let name = volume.name_any();
+    let versions: Api<SealedVolumeVersion> = Api::namespaced(ctx.client.clone(), &namespace);
+    let applied = versions
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|v| {
+            v.spec.volume == name
+                && v.metadata.deletion_timestamp.is_none()
+                && !crate::version::operator_owned(v)
+        });
+    for v in applied {
+        crate::version::keep_retention(&versions, &v, volume).await?;
+        match versions
+            .delete(&v.name_any(), &kube::api::DeleteParams::default())
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 /// Versions recorded in the store for this volume (`sealed push --volume`, syncs, restores)
@@ -625,6 +709,13 @@ async fn resolve_versions(
             .or_else(|| v.metadata.creation_timestamp.clone())
             .map(|t| t.0)
     };
+    // Every version carries the volume's retention (for a deletion after the volume's), and
+    // the volume holds its finalizer while versions someone applied need it.
+    for v in &mine {
+        crate::version::keep_retention(&versions, v, volume).await?;
+    }
+    let applied = mine.iter().any(|v| !crate::version::operator_owned(v));
+    set_finalizer(volume, ctx, applied).await?;
     mine.sort_by_key(|v| (sealed_at(v), v.name_any()));
     let latest = mine.last();
     status.latest_digest = latest.map(|v| v.spec.digest.clone());
