@@ -27,6 +27,7 @@ pub mod progress;
 pub mod pull;
 pub mod push;
 pub mod scan;
+pub mod stat_cache;
 pub mod store;
 pub mod trash;
 mod upload;

@@ -1,10 +1,12 @@
 //! Walking a directory into a manifest: validation of every entry, then chunking and hashing
 //! of every regular file on a pool of threads.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use rayon::prelude::*;
@@ -14,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::manifest::{
     Entry, EntryKind, FileEntry, Manifest, resolve_symlinks, validate_path, validate_symlink_target,
 };
+use crate::stat_cache::{StatCache, StatKey};
 
 /// Where a file's bytes came from, so push can re-read chunk ranges for upload.
 #[derive(Clone, Debug)]
@@ -23,12 +26,19 @@ pub struct FileSource {
     pub size: u64,
     pub modified: Option<SystemTime>,
     pub inode: u64,
+    /// The stat the walk saw, for the stat cache (`None`: timestamps out of range).
+    pub stat: Option<StatKey>,
+    pub executable: bool,
 }
 
 /// A scanned tree: the manifest and, for each file entry (by path), its source on disk.
 pub struct ScannedTree {
     pub manifest: Manifest,
     pub sources: HashMap<String, FileSource>,
+    /// Files whose chunks came from the stat cache, unread.
+    pub cached: HashSet<String>,
+    /// Bytes of file content read (and hashed).
+    pub bytes_read: u64,
 }
 
 /// Options for a scan.
@@ -41,6 +51,8 @@ pub struct ScanOptions {
     pub follow_symlinks: Option<FollowSymlinks>,
     /// Which files (and links) to seal, by their path in the volume.
     pub filter: PathFilter,
+    /// Files whose stat matches an entry here are not read: their chunks are the entry's.
+    pub stat_cache: Option<Arc<StatCache>>,
 }
 
 /// How far `--follow-symlinks` may go: a link is followed only when its target lies under
@@ -159,18 +171,39 @@ pub fn scan(
     }
     // Before any file is read: a tree whose links leave it is refused at once.
     resolve_symlinks(&entries).map_err(|e| Error::bad_input(root.join(&e.link), e.to_string()))?;
-    on_total(files.iter().map(|f: &FileSource| f.size).sum());
+    // Files the stat cache vouches for are not read (docs/cli.md, "Re-push at metadata speed").
+    let mut cached = HashSet::new();
+    let mut to_read = Vec::new();
+    for src in &files {
+        let hit = opts
+            .stat_cache
+            .as_deref()
+            .zip(src.stat.as_ref())
+            .and_then(|(cache, key)| cache.lookup(&src.rel, key));
+        match hit {
+            Some(hit) => {
+                cached.insert(src.rel.clone());
+                entries.push(Entry {
+                    path: src.rel.clone(),
+                    kind: EntryKind::File(FileEntry {
+                        executable: src.executable,
+                        size: src.size,
+                        blake3: hit.blake3,
+                        chunks: hit.chunks.clone(),
+                    }),
+                });
+            }
+            None => to_read.push(src.clone()),
+        }
+    }
+    on_total(to_read.iter().map(|f: &FileSource| f.size).sum());
 
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(opts.threads.unwrap_or(0))
-        .build()
-        .map_err(|e| Error::Other(format!("cannot start hashing threads: {e}")))?;
-    let chunked: Vec<(String, FileEntry)> = pool.install(|| {
-        files
-            .par_iter()
-            .map(|src| chunk_file(src, params, on_bytes, sink).map(|f| (src.rel.clone(), f)))
-            .collect::<Result<_>>()
-    })?;
+    let read = AtomicU64::new(0);
+    let counting = |n: u64| {
+        read.fetch_add(n, Ordering::Relaxed);
+        on_bytes(n);
+    };
+    let chunked = chunk_files(&to_read, params, opts.threads, &counting, sink)?;
     for (rel, file) in chunked {
         entries.push(Entry {
             path: rel,
@@ -184,7 +217,36 @@ pub fn scan(
     };
     manifest.validate()?;
     let sources = files.into_iter().map(|f| (f.rel.clone(), f)).collect();
-    Ok(ScannedTree { manifest, sources })
+    Ok(ScannedTree {
+        manifest,
+        sources,
+        cached,
+        bytes_read: read.into_inner(),
+    })
+}
+
+/// Reads, chunks and hashes `files` on `threads` threads (`None`: every core), handing every
+/// chunk to `sink`.
+pub(crate) fn chunk_files(
+    files: &[FileSource],
+    params: &ChunkParams,
+    threads: Option<usize>,
+    on_bytes: &(dyn Fn(u64) + Sync),
+    sink: ChunkSink<'_>,
+) -> Result<Vec<(String, FileEntry)>> {
+    if files.is_empty() {
+        return Ok(Vec::new());
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.unwrap_or(0))
+        .build()
+        .map_err(|e| Error::Other(format!("cannot start hashing threads: {e}")))?;
+    pool.install(|| {
+        files
+            .par_iter()
+            .map(|src| chunk_file(src, params, on_bytes, sink).map(|f| (src.rel.clone(), f)))
+            .collect::<Result<_>>()
+    })
 }
 
 /// The canonical roots a followed link may point into: the pushed directory, the blob cache
@@ -267,6 +329,8 @@ fn walk(
                 size: meta.len(),
                 modified: meta.modified().ok(),
                 inode: meta.ino(),
+                stat: StatKey::of(&meta),
+                executable: meta.permissions().mode() & 0o111 != 0,
             });
         } else if ft.is_symlink() {
             let target = fs::read_link(&path).map_err(|e| Error::io(&path, e))?;
