@@ -6,12 +6,27 @@ use anyhow::Context as _;
 use clap::builder::RangedU64ValueParser;
 use clap::{Args, ValueEnum};
 use sealed_service::store_args::{self, MAX_RETRIES, MAX_TIMEOUT_SECS, env as store_env};
-use sealed_store::{ChunkStore, StoreOptions};
+use sealed_store::{ChunkStore, Digest, StoreOptions};
+
+use crate::errors::NotFoundError;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum OutputFormat {
+    /// Tables and lines for people
     Text,
+    /// One JSON document
     Json,
+    /// The same document as YAML
+    Yaml,
+    /// Text with more columns (ls, trash ls, inspect)
+    Wide,
+}
+
+impl OutputFormat {
+    /// A document (JSON or YAML) rather than text.
+    pub fn is_document(self) -> bool {
+        matches!(self, OutputFormat::Json | OutputFormat::Yaml)
+    }
 }
 
 #[derive(Args, Debug)]
@@ -34,7 +49,7 @@ pub struct GlobalArgs {
     #[arg(long, global = true, default_value_t = 3, env = store_env::RETRIES,
           value_parser = RangedU64ValueParser::<usize>::new().range(0..=MAX_RETRIES))]
     pub retries: usize,
-    /// Output format
+    /// Output format: text, json, yaml, or wide (text with more columns)
     #[arg(long, short = 'o', global = true, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
     /// Log more (-v info, -vv debug); logs go to stderr
@@ -73,11 +88,12 @@ impl Context {
             // The embedded default store is created on first use; a named one must exist.
             create: default_store,
         };
+        crate::output::set_document_format(args.output);
         Context {
             store_url,
             store_options,
             output: args.output,
-            progress: !args.no_progress && args.output == OutputFormat::Text,
+            progress: !args.no_progress && !args.output.is_document(),
         }
     }
 
@@ -101,12 +117,107 @@ impl Context {
             .with_context(|| format!("cannot open store {}", self.store_url))
     }
 
+    /// Whether results are printed as a document (`-o json` or `-o yaml`, which
+    /// [`crate::output::print_json`] renders), not text.
     pub fn json(&self) -> bool {
-        self.output == OutputFormat::Json
+        self.output.is_document()
+    }
+
+    /// `-o wide`: text with more columns.
+    pub fn wide(&self) -> bool {
+        self.output == OutputFormat::Wide
     }
 }
 
 /// Logs on stderr: warnings by default, `-v` info, `-vv` debug; `SEALED_LOG` overrides.
 pub fn init_logging(verbose: u8) {
     sealed_service::logging::init(sealed_service::logging::verbosity("warn", verbose), false);
+}
+
+/// The fewest hex digits a short digest may have: 8 (32 bits) keeps a chance match between
+/// two versions of a store of thousands negligible, as git's 7 does for commits.
+pub const MIN_SHORT_DIGEST: usize = 8;
+
+/// A digest argument as typed: a whole digest, or the start of one.
+enum DigestArg {
+    Full(Digest),
+    /// Lowercase hex digits, at least [`MIN_SHORT_DIGEST`] and fewer than 64.
+    Prefix(String),
+}
+
+fn parse_digest_arg(arg: &str) -> anyhow::Result<DigestArg> {
+    let hex = arg.strip_prefix("blake3:").unwrap_or(arg);
+    let is_prefix =
+        (MIN_SHORT_DIGEST..64).contains(&hex.len()) && hex.bytes().all(|b| b.is_ascii_hexdigit());
+    if is_prefix {
+        return Ok(DigestArg::Prefix(hex.to_ascii_lowercase()));
+    }
+    crate::commands::parse_digest(arg)
+        .map(DigestArg::Full)
+        .with_context(|| {
+            format!(
+                "argument '{}' is neither a digest nor a short one (at least \
+                 {MIN_SHORT_DIGEST} hex digits: blake3:8f3a1c2d)",
+                arg.chars().take(100).collect::<String>()
+            )
+        })
+}
+
+/// Which of `candidates` the argument names: a whole digest is taken as is (the command then
+/// says whether the store has it); a prefix must match exactly one candidate.
+fn pick(
+    arg: &str,
+    candidates: impl FnOnce() -> Vec<Digest>,
+    place: &str,
+) -> anyhow::Result<Digest> {
+    let prefix = match parse_digest_arg(arg)? {
+        DigestArg::Full(d) => return Ok(d),
+        DigestArg::Prefix(p) => p,
+    };
+    let mut matches: Vec<Digest> = candidates()
+        .into_iter()
+        .filter(|d| d.hex().starts_with(&prefix))
+        .collect();
+    matches.sort();
+    matches.dedup();
+    match matches.as_slice() {
+        [one] => Ok(*one),
+        [] => Err(NotFoundError(format!("no version {place} starts with blake3:{prefix}")).into()),
+        many => {
+            let list: Vec<String> = many.iter().map(|d| format!("  {d}")).collect();
+            anyhow::bail!(
+                "blake3:{prefix} is ambiguous: {} versions {place} start with it; give more \
+                 digits:\n{}",
+                many.len(),
+                list.join("\n")
+            )
+        }
+    }
+}
+
+/// A version digest argument (`blake3:<64 hex>`, or a prefix of at least 8 hex digits that
+/// exactly one version in the store starts with).
+pub async fn resolve_digest(store: &ChunkStore, arg: &str) -> anyhow::Result<Digest> {
+    let listed = match parse_digest_arg(arg)? {
+        DigestArg::Full(d) => return Ok(d),
+        DigestArg::Prefix(_) => store.list_versions().await?,
+    };
+    pick(
+        arg,
+        || listed.into_iter().map(|v| v.digest).collect(),
+        &format!("in store {}", store.name()),
+    )
+}
+
+/// [`resolve_digest`] among the versions in the trash (`sealed restore`).
+pub async fn resolve_trashed_digest(store: &ChunkStore, arg: &str) -> anyhow::Result<Digest> {
+    let listed = match parse_digest_arg(arg)? {
+        DigestArg::Full(d) => return Ok(d),
+        DigestArg::Prefix(_) => sealed_store::trash::list_trash(store).await?,
+    };
+    pick(
+        arg,
+        || listed.into_iter().map(|r| r.digest).collect(),
+        &format!("in the trash of store {}", store.name()),
+    )
 }

@@ -1,17 +1,36 @@
 //! Printing: progress bars on stderr, results on stdout (text or JSON).
 
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use sealed_store::Progress;
 use sealed_store::progress::Phase;
 
+use crate::context::OutputFormat;
+
+/// `-o`, set once from the command line, so every command's document is printed alike.
+static FORMAT: OnceLock<OutputFormat> = OnceLock::new();
+
+pub fn set_document_format(format: OutputFormat) {
+    let _ = FORMAT.set(format);
+}
+
 pub fn bytes(n: u64) -> String {
     humansize::format_size(n, humansize::BINARY)
 }
 
+/// Prints `value` as the `-o` document: YAML for `-o yaml`, JSON otherwise.
 pub fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(value)?);
+    if FORMAT.get() == Some(&OutputFormat::Yaml) {
+        let yaml = serde_saphyr::to_string(value)?;
+        print!("{yaml}");
+        if !yaml.ends_with('\n') {
+            println!();
+        }
+    } else {
+        println!("{}", serde_json::to_string_pretty(value)?);
+    }
     Ok(())
 }
 

@@ -3,8 +3,7 @@ use std::process::ExitCode;
 use clap::Args;
 use sealed_store::diff::diff;
 
-use crate::commands::parse_digest;
-use crate::context::Context;
+use crate::context::{Context, resolve_digest};
 use crate::output::{bytes, print_json};
 
 #[derive(Args, Debug)]
@@ -16,8 +15,9 @@ pub struct DiffArgs {
 }
 
 pub async fn run(ctx: &Context, args: DiffArgs) -> anyhow::Result<ExitCode> {
-    let (a, b) = (parse_digest(&args.from)?, parse_digest(&args.to)?);
     let store = ctx.open_store().await?;
+    let a = resolve_digest(&store, &args.from).await?;
+    let b = resolve_digest(&store, &args.to).await?;
     let (ma, mb) = (store.get_manifest(&a).await?, store.get_manifest(&b).await?);
     let report = diff(&ma, &mb);
     if ctx.json() {

@@ -3,8 +3,7 @@ use std::process::ExitCode;
 use clap::Args;
 use sealed_store::{ChunkParams, Digest, EntryKind};
 
-use crate::commands::parse_digest;
-use crate::context::Context;
+use crate::context::{Context, resolve_digest};
 use crate::output::{bytes, print_json};
 
 #[derive(Args, Debug)]
@@ -51,8 +50,8 @@ struct EntryJson<'a> {
 }
 
 pub async fn run(ctx: &Context, args: InspectArgs) -> anyhow::Result<ExitCode> {
-    let digest = parse_digest(&args.digest)?;
     let store = ctx.open_store().await?;
+    let digest = resolve_digest(&store, &args.digest).await?;
     let raw = store.get_manifest_bytes(&digest).await?;
     let manifest = sealed_store::Manifest::parse(&raw)?;
     let unique = manifest.unique_chunks();
@@ -130,7 +129,15 @@ pub async fn run(ctx: &Context, args: InspectArgs) -> anyhow::Result<ExitCode> {
         bytes(u64::from(c.max_size))
     );
     println!();
-    println!("{:<10} {:>12} {:>7}  PATH", "MODE", "SIZE", "CHUNKS");
+    let wide = ctx.wide();
+    if wide {
+        println!(
+            "{:<10} {:>12} {:>7}  {:<71}  PATH",
+            "MODE", "SIZE", "CHUNKS", "BLAKE3 (b3sum of the file)"
+        );
+    } else {
+        println!("{:<10} {:>12} {:>7}  PATH", "MODE", "SIZE", "CHUNKS");
+    }
     for e in &doc.entries {
         let mode = match (e.kind, e.executable) {
             ("directory", _) => "drwxr-xr-x",
@@ -142,15 +149,20 @@ pub async fn run(ctx: &Context, args: InspectArgs) -> anyhow::Result<ExitCode> {
             Some(t) => format!("{} -> {t}", e.path),
             None => e.path.to_string(),
         };
-        println!(
-            "{:<10} {:>12} {:>7}  {}",
-            mode,
-            e.size.map(bytes).unwrap_or_else(|| "-".into()),
-            e.chunk_count
-                .map(|n| n.to_string())
-                .unwrap_or_else(|| "-".into()),
-            name
-        );
+        let size = e.size.map(bytes).unwrap_or_else(|| "-".into());
+        let chunks = e
+            .chunk_count
+            .map(|n| n.to_string())
+            .unwrap_or_else(|| "-".into());
+        if wide {
+            let blake3 = e
+                .blake3
+                .map(|d| d.to_string())
+                .unwrap_or_else(|| "-".into());
+            println!("{mode:<10} {size:>12} {chunks:>7}  {blake3:<71}  {name}");
+        } else {
+            println!("{mode:<10} {size:>12} {chunks:>7}  {name}");
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

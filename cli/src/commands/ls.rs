@@ -2,7 +2,7 @@ use std::collections::HashMap;
 use std::process::ExitCode;
 
 use clap::Args;
-use sealed_store::Digest;
+use sealed_store::{Digest, EntryKind};
 
 use crate::context::Context;
 use crate::output::{bytes, print_json};
@@ -19,6 +19,11 @@ struct Row {
     digest: Digest,
     bytes: u64,
     files: u64,
+    directories: u64,
+    symlinks: u64,
+    /// Distinct chunks, and their bytes (what the version costs in the store alone).
+    unique_chunks: u64,
+    unique_bytes: u64,
     stored_at: String,
     volumes: Vec<String>,
 }
@@ -38,16 +43,27 @@ pub async fn run(ctx: &Context, args: LsArgs) -> anyhow::Result<ExitCode> {
             continue;
         }
         let m = store.get_manifest(&v.digest).await?;
+        let unique = m.unique_chunks();
+        let count =
+            |kind: fn(&EntryKind) -> bool| m.entries.iter().filter(|e| kind(&e.kind)).count();
         rows.push(Row {
             digest: v.digest,
             bytes: m.total_size(),
             files: m.files().count() as u64,
+            directories: count(|k| matches!(k, EntryKind::Dir)) as u64,
+            symlinks: count(|k| matches!(k, EntryKind::Symlink { .. })) as u64,
+            unique_chunks: unique.len() as u64,
+            unique_bytes: unique.iter().map(|c| u64::from(c.len)).sum(),
             stored_at: v.stored_at.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
             volumes: vols,
         });
     }
     if ctx.json() {
         print_json(&rows)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if ctx.wide() {
+        print_wide(&rows);
         return Ok(ExitCode::SUCCESS);
     }
     println!(
@@ -65,4 +81,26 @@ pub async fn run(ctx: &Context, args: LsArgs) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `-o wide`: directories, symlinks and the distinct chunks too.
+fn print_wide(rows: &[Row]) {
+    println!(
+        "{:<71} {:>10} {:>7} {:>6} {:>6} {:>7} {:>10} {:<20}  VOLUMES",
+        "DIGEST", "SIZE", "FILES", "DIRS", "LINKS", "CHUNKS", "UNIQUE", "STORED"
+    );
+    for r in rows {
+        println!(
+            "{:<71} {:>10} {:>7} {:>6} {:>6} {:>7} {:>10} {:<20}  {}",
+            r.digest.to_string(),
+            bytes(r.bytes),
+            r.files,
+            r.directories,
+            r.symlinks,
+            r.unique_chunks,
+            bytes(r.unique_bytes),
+            r.stored_at,
+            r.volumes.join(",")
+        );
+    }
 }

@@ -14,7 +14,6 @@ use sealed_mount::{
     ReadaheadPolicy,
 };
 
-use crate::commands::parse_digest;
 use crate::context::Context;
 use crate::output::{bytes, print_json};
 
@@ -136,7 +135,6 @@ pub async fn run_mount(ctx: &Context, args: MountArgs) -> anyhow::Result<ExitCod
 }
 
 async fn serve(ctx: &Context, args: MountArgs) -> anyhow::Result<ExitCode> {
-    let digest = parse_digest(&args.digest)?;
     let prefetch = PrefetchSelection::parse(&args.prefetch)?;
     // The mount retries its own reads (FetchPolicy); its store client does not retry again.
     let store_options = FetchPolicy::store_options(&ctx.store_options);
@@ -144,6 +142,7 @@ async fn serve(ctx: &Context, args: MountArgs) -> anyhow::Result<ExitCode> {
     let store = sealed_store::ChunkStore::open(&ctx.store_url, &store_options)
         .await
         .with_context(|| format!("cannot open store {}", ctx.store_url))?;
+    let digest = crate::context::resolve_digest(&store, &args.digest).await?;
     let cache_dir = match (&args.cache_dir, args.no_disk_cache) {
         (_, true) => None,
         (Some(dir), false) => Some(dir.clone()),

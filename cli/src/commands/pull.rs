@@ -5,8 +5,7 @@ use std::sync::Arc;
 use clap::Args;
 use sealed_store::pull::{PullOptions, pull};
 
-use crate::commands::parse_digest;
-use crate::context::Context;
+use crate::context::{Context, resolve_digest};
 use crate::output::{Bars, bytes, print_json};
 
 #[derive(Args, Debug)]
@@ -21,8 +20,8 @@ pub struct PullArgs {
 }
 
 pub async fn run(ctx: &Context, args: PullArgs) -> anyhow::Result<ExitCode> {
-    let digest = parse_digest(&args.digest)?;
     let store = ctx.open_store().await?;
+    let digest = resolve_digest(&store, &args.digest).await?;
     let bars = Arc::new(Bars::new(ctx.progress));
     let opts = PullOptions {
         concurrency: args.concurrency,

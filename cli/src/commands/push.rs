@@ -3,8 +3,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Args;
-use sealed_store::push::{PushOptions, push};
+use sealed_store::push::{PushOptions, StatCachePolicy, push};
 use sealed_store::scan::{FollowSymlinks, PathFilter};
+use sealed_store::stat_cache::StatCacheConfig;
 
 use crate::context::Context;
 use crate::output::{Bars, bytes, print_json};
@@ -37,6 +38,10 @@ pub struct PushArgs {
     /// Leave out paths matching GLOB (repeatable)
     #[arg(long, value_name = "GLOB")]
     pub exclude: Vec<String>,
+    /// Read and hash every file, even those the stat cache says are unchanged (the cache
+    /// under ~/.cache/sealed/stat is rewritten)
+    #[arg(long)]
+    pub rehash: bool,
 }
 
 pub async fn run(ctx: &Context, args: PushArgs) -> anyhow::Result<ExitCode> {
@@ -51,6 +56,7 @@ pub async fn run(ctx: &Context, args: PushArgs) -> anyhow::Result<ExitCode> {
             roots: args.allow_root,
         }),
         filter,
+        stat_cache: stat_cache_policy(args.rehash),
         ..Default::default()
     };
     let bars = Arc::new(Bars::new(ctx.progress));
@@ -59,16 +65,32 @@ pub async fn run(ctx: &Context, args: PushArgs) -> anyhow::Result<ExitCode> {
         print_json(&report)?;
     } else {
         eprintln!(
-            "sealed {} files, {} in {} chunks: uploaded {} ({} chunks), reused {}",
+            "sealed {} files, {} in {} chunks: uploaded {} ({} chunks), reused {}; read {} \
+             ({} files unchanged since the last push)",
             report.files,
             bytes(report.bytes),
             report.chunks,
             bytes(report.bytes_uploaded),
             report.chunks_uploaded,
             bytes(report.bytes_reused),
+            bytes(report.bytes_read),
+            report.files_cached,
         );
         // The digest alone on stdout, so `d=$(sealed push ./model)` works.
         println!("{}", report.digest);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The stat cache under the user's cache directory; without one (no `$HOME`), every file is
+/// read, as with `--rehash`.
+fn stat_cache_policy(rehash: bool) -> StatCachePolicy {
+    match StatCacheConfig::user_default() {
+        None => {
+            tracing::warn!("no cache directory ($XDG_CACHE_HOME, $HOME): every file is read");
+            StatCachePolicy::Off
+        }
+        Some(cfg) if rehash => StatCachePolicy::Rehash(cfg),
+        Some(cfg) => StatCachePolicy::Use(cfg),
+    }
 }

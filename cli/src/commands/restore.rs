@@ -6,8 +6,7 @@ use anyhow::Context as _;
 use clap::Args;
 use sealed_store::trash::restore_version;
 
-use crate::commands::parse_digest;
-use crate::context::Context;
+use crate::context::{Context, resolve_trashed_digest};
 use crate::output::print_json;
 
 #[derive(Args, Debug)]
@@ -17,8 +16,8 @@ pub struct RestoreArgs {
 }
 
 pub async fn run(ctx: &Context, args: RestoreArgs) -> anyhow::Result<ExitCode> {
-    let digest = parse_digest(&args.digest)?;
     let store = ctx.open_store().await?;
+    let digest = resolve_trashed_digest(&store, &args.digest).await?;
     let report = restore_version(&store, &digest)
         .await
         .with_context(|| format!("cannot restore {digest}"))?;

@@ -7,8 +7,7 @@ use anyhow::Context as _;
 use clap::Args;
 use sealed_store::trash::trash_version;
 
-use crate::commands::parse_digest;
-use crate::context::Context;
+use crate::context::{Context, resolve_digest};
 use crate::output::print_json;
 
 #[derive(Args, Debug)]
@@ -28,8 +27,8 @@ pub fn parse_duration_arg(s: &str) -> Result<Duration, String> {
 }
 
 pub async fn run(ctx: &Context, args: RmArgs) -> anyhow::Result<ExitCode> {
-    let digest = parse_digest(&args.digest)?;
     let store = ctx.open_store().await?;
+    let digest = resolve_digest(&store, &args.digest).await?;
     let record = trash_version(&store, &digest, args.retention)
         .await
         .with_context(|| format!("cannot delete {digest}"))?;

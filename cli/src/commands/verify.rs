@@ -4,8 +4,7 @@ use std::sync::Arc;
 use clap::Args;
 use sealed_store::verify::verify;
 
-use crate::commands::parse_digest;
-use crate::context::Context;
+use crate::context::{Context, resolve_digest};
 use crate::output::{Bars, bytes, print_json};
 
 #[derive(Args, Debug)]
@@ -18,8 +17,8 @@ pub struct VerifyArgs {
 }
 
 pub async fn run(ctx: &Context, args: VerifyArgs) -> anyhow::Result<ExitCode> {
-    let digest = parse_digest(&args.digest)?;
     let store = ctx.open_store().await?;
+    let digest = resolve_digest(&store, &args.digest).await?;
     let bars = Arc::new(Bars::new(ctx.progress));
     let report = verify(&store, &digest, args.concurrency, bars).await?;
     if ctx.json() {

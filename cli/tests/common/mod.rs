@@ -30,7 +30,9 @@ impl Env {
     /// `sealed` with this store and default logging.
     pub fn sealed(&self) -> Command {
         let mut c = Command::cargo_bin("sealed").unwrap();
+        // The stat cache goes to this test's directory, not the user's.
         c.env("SEALED_STORE", self.store_url())
+            .env("XDG_CACHE_HOME", self.path("cache"))
             .env_remove("SEALED_LOG");
         c
     }
