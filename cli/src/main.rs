@@ -4,6 +4,7 @@
 mod commands;
 mod context;
 mod errors;
+mod kube_args;
 mod output;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};

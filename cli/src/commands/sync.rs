@@ -9,7 +9,7 @@ use anyhow::{Context as _, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, ResourceExt};
 use sealed_crds::{
     CONDITION_SYNCED, RESYNC_ANNOTATION, SealedVolume, SealedVolumeSpec, SecretKeyRef, SecretRef,
     Source,
@@ -52,6 +52,8 @@ pub struct SyncArgs {
     #[arg(long, default_value_t = 3600,
           value_parser = clap::value_parser!(u64).range(0..=2_592_000))]
     pub wait_timeout: u64,
+    #[command(flatten)]
+    pub kube: crate::kube_args::KubeArgs,
 }
 
 #[derive(serde::Serialize)]
@@ -101,15 +103,16 @@ fn source(args: &SyncArgs) -> anyhow::Result<Source> {
 }
 
 pub async fn run(ctx: &Context, args: SyncArgs) -> anyhow::Result<ExitCode> {
+    let source = source(&args)?;
+    // kubectl's --kubeconfig, --context and -n; `--volume NAME` is in -n's namespace.
+    let (client, default_ns) = args.kube.client().await?;
     let (namespace, name) = args
         .volume
         .split_once('/')
-        .filter(|(ns, n)| !ns.is_empty() && !n.is_empty())
-        .with_context(|| format!("--volume {:?} must be NAMESPACE/NAME", args.volume))?;
-    let source = source(&args)?;
-    let client = Client::try_default().await.context(
-        "cannot reach the Kubernetes API server (set KUBECONFIG or use a kubeconfig context)",
-    )?;
+        .unwrap_or((default_ns.as_str(), args.volume.as_str()));
+    if namespace.is_empty() || name.is_empty() {
+        bail!("--volume {:?} must be NAME or NAMESPACE/NAME", args.volume);
+    }
     let api: Api<SealedVolume> = Api::namespaced(client, namespace);
     let stamp = k8s_openapi::jiff::Timestamp::now().to_string();
 
