@@ -52,6 +52,8 @@ enum Command {
     Gc(commands::gc::GcArgs),
     /// Have the cluster sync a Hugging Face repo or a bucket into a SealedVolume; prints the digest
     Sync(commands::sync::SyncArgs),
+    /// Rewrite volume + tag references in manifests to the digests they name now (--check: fail while one floats)
+    Pin(commands::pin::PinArgs),
     /// Print the version of `sealed` (-o json for scripts)
     Version,
     /// Print a shell completion script: `source <(sealed completions bash)`
@@ -116,6 +118,7 @@ fn main() -> std::process::ExitCode {
             Command::Trash(a) => commands::trash::run(&ctx, a).await,
             Command::Gc(a) => commands::gc::run(&ctx, a).await,
             Command::Sync(a) => commands::sync::run(&ctx, a).await,
+            Command::Pin(a) => commands::pin::run(&ctx, a).await,
             Command::Version => print_version(&ctx),
             Command::Completions { shell } => {
                 let mut cmd = cli_command();

@@ -5,6 +5,7 @@ pub mod gc;
 pub mod inspect;
 pub mod ls;
 pub mod mount;
+pub mod pin;
 pub mod pull;
 pub mod push;
 pub mod restore;

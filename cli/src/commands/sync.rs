@@ -1,6 +1,11 @@
 //! `sealed sync SOURCE --volume NS/NAME`: have the operator sync a Hugging Face repo or a
 //! bucket prefix into the store, follow it, and print the sealed digest. Nothing is
 //! downloaded to this machine: the sync runs in the cluster (a Job, or the operator).
+//!
+//! The source is written with server-side apply as field manager [`FIELD_MANAGER`], so a
+//! source that Git owns (Argo CD's `argocd-controller`, Flux, `kubectl apply`) is not
+//! overwritten behind its back: the API server's conflict is reported with the other
+//! manager's name, and `--force` takes the source over.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -8,11 +13,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use sealed_crds::{
-    CONDITION_SYNCED, RESYNC_ANNOTATION, SealedVolume, SealedVolumeSpec, SecretKeyRef, SecretRef,
-    Source,
+    CONDITION_SYNCED, RESYNC_ANNOTATION, SealedVolume, SecretKeyRef, SecretRef, Source,
 };
 
 use crate::context::Context;
@@ -52,9 +56,17 @@ pub struct SyncArgs {
     #[arg(long, default_value_t = 3600,
           value_parser = clap::value_parser!(u64).range(0..=2_592_000))]
     pub wait_timeout: u64,
+    /// Overwrite a source another field manager owns (Git, through Argo CD, Flux or
+    /// `kubectl apply`); the next GitOps sync puts Git's source back
+    #[arg(long)]
+    pub force: bool,
     #[command(flatten)]
     pub kube: crate::kube_args::KubeArgs,
 }
+
+/// The field manager of the fields `sealed sync` applies (`spec.source` and the resync
+/// annotation).
+pub const FIELD_MANAGER: &str = "sealed";
 
 #[derive(serde::Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -114,45 +126,7 @@ pub async fn run(ctx: &Context, args: SyncArgs) -> anyhow::Result<ExitCode> {
         bail!("--volume {:?} must be NAME or NAMESPACE/NAME", args.volume);
     }
     let api: Api<SealedVolume> = Api::namespaced(client, namespace);
-    let stamp = k8s_openapi::jiff::Timestamp::now().to_string();
-
-    // Create the volume, change its source, or ask for a resync of the same source.
-    let volume = match api
-        .get_opt(name)
-        .await
-        .with_context(|| format!("cannot read SealedVolume {namespace}/{name}"))?
-    {
-        None => {
-            let mut v = SealedVolume::new(
-                name,
-                SealedVolumeSpec {
-                    source: source.clone(),
-                    tags: Default::default(),
-                    retention: Default::default(),
-                    shared: false,
-                },
-            );
-            v.annotations_mut()
-                .insert(RESYNC_ANNOTATION.into(), stamp.clone());
-            api.create(&PostParams::default(), &v)
-                .await
-                .with_context(|| format!("cannot create SealedVolume {namespace}/{name}"))?
-        }
-        Some(existing) => {
-            let patch = serde_json::json!({
-                "metadata": { "annotations": { RESYNC_ANNOTATION: stamp } },
-                "spec": { "source": source },
-            });
-            if existing.spec.source != source && existing.spec.source.upload.is_some() {
-                bail!(
-                    "{namespace}/{name} takes versions from `sealed push`; give sync another volume name"
-                );
-            }
-            api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .with_context(|| format!("cannot update SealedVolume {namespace}/{name}"))?
-        }
-    };
+    let volume = apply_source(&api, namespace, name, &source, args.force).await?;
     let trigger = volume.sync_trigger();
     let mut result = SyncResult {
         volume: format!("{namespace}/{name}"),
@@ -250,6 +224,147 @@ pub async fn run(ctx: &Context, args: SyncArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// Creates the volume, changes its source, or asks for a resync of the same source: one
+/// server-side apply of `spec.source` and the resync annotation as [`FIELD_MANAGER`].
+async fn apply_source(
+    api: &Api<SealedVolume>,
+    namespace: &str,
+    name: &str,
+    source: &Source,
+    force: bool,
+) -> anyhow::Result<SealedVolume> {
+    let existing = api
+        .get_opt(name)
+        .await
+        .with_context(|| format!("cannot read SealedVolume {namespace}/{name}"))?;
+    if let Some(existing) = &existing {
+        if existing.spec.source != *source && existing.spec.source.upload.is_some() {
+            bail!(
+                "{namespace}/{name} takes versions from `sealed push`; give sync another volume name"
+            );
+        }
+        // Another kind of source: the API server sees no conflict (the other manager's
+        // fields are not the ones applied) and would keep both, so it is checked here.
+        let old_kind = source_kind(&existing.spec.source);
+        if old_kind != source_kind(source) {
+            let owners = source_managers(existing);
+            if !owners.is_empty() && !force {
+                bail!(owned_elsewhere(namespace, name, &owners.join(", ")));
+            }
+            if let Some(old) = old_kind.filter(|_| !owners.is_empty()) {
+                // Taking it over: the other manager's source goes first.
+                let new_kind = source_kind(source).unwrap_or("upload");
+                let patch = serde_json::json!({ "spec": { "source": {
+                    old: null,
+                    new_kind: source_field(source),
+                }}});
+                let params = PatchParams {
+                    field_manager: Some(FIELD_MANAGER.into()),
+                    ..Default::default()
+                };
+                api.patch(name, &params, &Patch::Merge(&patch))
+                    .await
+                    .with_context(|| format!("cannot update SealedVolume {namespace}/{name}"))?;
+            }
+        }
+    }
+    let stamp = k8s_openapi::jiff::Timestamp::now().to_string();
+    let patch = serde_json::json!({
+        "apiVersion": sealed_crds::API_VERSION,
+        "kind": "SealedVolume",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "annotations": { RESYNC_ANNOTATION: stamp },
+        },
+        "spec": { "source": source },
+    });
+    let mut params = PatchParams::apply(FIELD_MANAGER);
+    if force {
+        params = params.force();
+    }
+    let verb = if existing.is_some() {
+        "update"
+    } else {
+        "create"
+    };
+    match api.patch(name, &params, &Patch::Apply(&patch)).await {
+        Ok(v) => Ok(v),
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            let owners = conflicting_managers(&e.message);
+            let owners = if owners.is_empty() {
+                "another field manager".to_owned()
+            } else {
+                owners.join(", ")
+            };
+            Err(anyhow::anyhow!("{}", e.message)).context(owned_elsewhere(namespace, name, &owners))
+        }
+        Err(e) => Err(e).with_context(|| format!("cannot {verb} SealedVolume {namespace}/{name}")),
+    }
+}
+
+/// The refusal of a source owned elsewhere: who owns it and the two ways on.
+fn owned_elsewhere(namespace: &str, name: &str, owners: &str) -> String {
+    format!(
+        "the source of SealedVolume {namespace}/{name} is managed by {owners} (Git, through a \
+         GitOps tool or kubectl apply): change it where it is kept, or run again with --force \
+         to take it over (the next GitOps sync may put it back)"
+    )
+}
+
+/// `huggingFace`, `objectStore` or `upload`: the field of the source's one kind.
+fn source_kind(source: &Source) -> Option<&'static str> {
+    use sealed_crds::SourceKind as K;
+    match source.kind().ok()? {
+        K::HuggingFace(_) => Some("huggingFace"),
+        K::ObjectStore(_) => Some("objectStore"),
+        K::Upload(_) => Some("upload"),
+    }
+}
+
+/// The value of the source's one kind, as the API spells it.
+fn source_field(source: &Source) -> serde_json::Value {
+    let all = serde_json::to_value(source).unwrap_or_default();
+    source_kind(source)
+        .and_then(|k| all.get(k).cloned())
+        .unwrap_or_default()
+}
+
+/// The field managers other than ours that own a field under `spec.source`.
+fn source_managers(volume: &SealedVolume) -> Vec<String> {
+    let mut owners: Vec<String> = volume
+        .managed_fields()
+        .iter()
+        .filter(|m| m.manager.as_deref() != Some(FIELD_MANAGER))
+        .filter(|m| {
+            m.fields_v1
+                .as_ref()
+                .and_then(|f| f.0.get("f:spec"))
+                .and_then(|spec| spec.get("f:source"))
+                .is_some()
+        })
+        .filter_map(|m| m.manager.clone())
+        .collect();
+    owners.sort();
+    owners.dedup();
+    owners
+}
+
+/// The managers an apply conflict names: `conflict with "argocd-controller" using …`
+/// (`conflicts with` when it owns several of the fields).
+fn conflicting_managers(message: &str) -> Vec<String> {
+    let mut owners: Vec<String> = message
+        .split(" with \"")
+        .skip(1)
+        .filter_map(|rest| rest.split_once('"').map(|(m, _)| m))
+        .filter(|m| !m.is_empty() && m.len() <= 128)
+        .map(str::to_owned)
+        .collect();
+    owners.sort();
+    owners.dedup();
+    owners
+}
+
 fn finish(ctx: &Context, result: &SyncResult, code: ExitCode) -> anyhow::Result<ExitCode> {
     if ctx.json() {
         print_json(result)?;
@@ -259,4 +374,35 @@ fn finish(ctx: &Context, result: &SyncResult, code: ExitCode) -> anyhow::Result<
         eprintln!("sync of {} into {} started", result.source, result.volume);
     }
     Ok(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conflicts_name_their_managers() {
+        let message = "Apply failed with 2 conflicts: conflicts with \"argocd-controller\" \
+                       using sealedvolumes.io/v1alpha1:\n- .spec.source.huggingFace.repo\n\
+                       conflict with \"kubectl-client-side-apply\" using sealedvolumes.io/v1alpha1: \
+                       .spec.source.huggingFace.revision";
+        assert_eq!(
+            conflicting_managers(message),
+            ["argocd-controller", "kubectl-client-side-apply"]
+        );
+        assert!(conflicting_managers("no names here").is_empty());
+        let refusal = owned_elsewhere("ml", "llama", "argocd-controller");
+        assert!(refusal.contains("ml/llama") && refusal.contains("argocd-controller"));
+        assert!(refusal.contains("--force"), "{refusal}");
+    }
+
+    #[test]
+    fn a_source_has_one_kind() {
+        let hf = Source::from_uri("hf://acme/llm").unwrap();
+        assert_eq!(source_kind(&hf), Some("huggingFace"));
+        assert_eq!(source_field(&hf)["repo"], "acme/llm");
+        let s3 = Source::from_uri("s3://bucket/prefix").unwrap();
+        assert_eq!(source_kind(&s3), Some("objectStore"));
+        assert_eq!(source_kind(&Source::upload()), Some("upload"));
+    }
 }
