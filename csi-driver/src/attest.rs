@@ -188,8 +188,8 @@ impl Unfit {
         match self {
             Unfit::Deleting => format!("SealedVolumeVersion {ns}/{name} is being deleted"),
             Unfit::NotOwned => format!(
-                "a SealedVolumeVersion exists ({ns}/{name}) but was not made by the operator (no \
-                 controller ownerReference to SealedVolume {})",
+                "a SealedVolumeVersion exists ({ns}/{name}) but was not made by the operator (its \
+                 owner is not SealedVolume {} as controller)",
                 v.spec.volume
             ),
             Unfit::NoAttestation => format!(
@@ -206,18 +206,22 @@ impl Unfit {
 }
 
 /// Whether `v` lets pods of its own namespace mount its digest: not being deleted, owned (as
-/// controller) by the SealedVolume it names, and attested by the operator for its namespace,
-/// volume and digest. `key` `None`: `--insecure-skip-attestation`, the MAC is not checked.
+/// controller) by the SealedVolume it names or, for a version applied from Git, owned by
+/// nothing (GitOps tools prune only what has no owner: docs/gitops.md), and attested by the
+/// operator for its namespace, volume and digest. `key` `None`:
+/// `--insecure-skip-attestation`, the MAC is not checked.
 pub fn check_version(v: &SealedVolumeVersion, key: Option<&AttestationKey>) -> Result<(), Unfit> {
     if v.metadata.deletion_timestamp.is_some() {
         return Err(Unfit::Deleting);
     }
-    let owned = v.metadata.owner_references.iter().flatten().any(|o| {
-        o.controller == Some(true)
-            && o.kind == "SealedVolume"
-            && o.api_version.starts_with("sealedvolumes.io/")
-            && o.name == v.spec.volume
-    });
+    let owners = v.metadata.owner_references.as_deref().unwrap_or_default();
+    let owned = owners.is_empty()
+        || owners.iter().any(|o| {
+            o.controller == Some(true)
+                && o.kind == "SealedVolume"
+                && o.api_version.starts_with("sealedvolumes.io/")
+                && o.name == v.spec.volume
+        });
     if !owned {
         return Err(Unfit::NotOwned);
     }
@@ -321,10 +325,16 @@ pub(crate) mod tests {
         v.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
         assert_eq!(check_version(&v, Some(&k)), Err(Unfit::Deleting));
         assert!(Unfit::Deleting.explain(&v).contains("being deleted"));
-        // Not owned: no owner, an owner that is not the controller, of another kind or name.
+        // No owner at all (applied from Git, docs/gitops.md): the attestation decides.
         let mut v = version("team-a", "llama", Some(&k));
         v.metadata.owner_references = None;
-        assert_eq!(check_version(&v, Some(&k)), Err(Unfit::NotOwned));
+        assert_eq!(check_version(&v, Some(&k)), Ok(()));
+        assert_eq!(owner_uid(&v), None, "so never through a shared volume");
+        v.metadata.owner_references = Some(vec![]);
+        assert_eq!(check_version(&v, Some(&k)), Ok(()));
+        v.status.as_mut().unwrap().attestation = None;
+        assert_eq!(check_version(&v, Some(&k)), Err(Unfit::NoAttestation));
+        // Not owned: an owner that is not the controller, of another kind or name.
         for change in 0..3 {
             let mut v = version("team-a", "llama", Some(&k));
             let o = &mut v.metadata.owner_references.as_mut().unwrap()[0];
@@ -342,7 +352,7 @@ pub(crate) mod tests {
         // --insecure-skip-attestation: the structure is still checked, the MAC is not.
         assert_eq!(check_version(&version("b", "llama", None), None), Ok(()));
         let mut v = version("b", "llama", None);
-        v.metadata.owner_references = None;
+        v.metadata.owner_references.as_mut().unwrap()[0].kind = "ConfigMap".into();
         assert_eq!(check_version(&v, None), Err(Unfit::NotOwned));
     }
 
