@@ -373,6 +373,11 @@ impl KubeAccess {
              fixed version",
             pod.namespace
         );
+        self.record_event(pod, "TagResolved", message).await;
+    }
+
+    /// A Normal Event on the pod. Best effort: a failure is logged, never fails the mount.
+    pub async fn record_event(&self, pod: &PodInfo, reason: &str, message: String) {
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         let event = Event {
             metadata: ObjectMeta {
@@ -395,7 +400,7 @@ impl KubeAccess {
                 uid: Some(pod.uid.clone()).filter(|u| !u.is_empty()),
                 ..ObjectReference::default()
             },
-            reason: Some("TagResolved".into()),
+            reason: Some(reason.into()),
             message: Some(message),
             type_: Some("Normal".into()),
             source: Some(EventSource {
@@ -411,8 +416,8 @@ impl KubeAccess {
             .create(&PostParams::default(), &event)
             .await;
         if let Err(e) = result {
-            tracing::warn!(error = %e, pod = %pod.name, namespace = %pod.namespace,
-                "cannot record the TagResolved event");
+            tracing::warn!(error = %e, pod = %pod.name, namespace = %pod.namespace, reason,
+                "cannot record an event on the pod");
         }
     }
 }

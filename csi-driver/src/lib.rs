@@ -9,6 +9,7 @@
 
 pub mod attest;
 pub mod authority;
+pub mod cold_start;
 pub mod digest_locks;
 pub mod error;
 pub mod gpu;

@@ -10,7 +10,9 @@ use sealed_csi::DriverConfig;
 use sealed_csi::attest::SecretRef;
 use sealed_csi::peer::{PeerConfig, PeerMembers};
 use sealed_csi::plugin::{ApiConfig, PluginConfig};
-use sealed_mount::{FetchPolicy, MountLimits, MountOptions, NodeCacheOptions, parse_size};
+use sealed_mount::{
+    FetchPolicy, MountLimits, MountOptions, NodeCacheOptions, PrefetchSelection, parse_size,
+};
 use sealed_service::store_args::StoreArgs;
 
 #[derive(Parser, Debug)]
@@ -66,6 +68,10 @@ struct Args {
     /// Bound on chunks held in memory, for the node
     #[arg(long, default_value = "256Mi", value_parser = parse_size)]
     memory: u64,
+    /// What a volume without a `prefetch` attribute prefetches: none, model, all, or
+    /// comma-separated globs ('model,*.json' adds globs to model)
+    #[arg(long, env = "SEALED_PREFETCH", default_value = "none", value_parser = parse_prefetch)]
+    prefetch: PrefetchSelection,
     /// Where the plugin keeps its FUSE mounts (<state-dir>/mounts/<hex>)
     #[arg(
         long,
@@ -257,6 +263,7 @@ fn plugin_config(args: Args) -> anyhow::Result<PluginConfig> {
             max_fetches_per_read: args.max_fetches_per_read,
             max_fetches_per_mount: args.max_fetches_per_mount,
         },
+        prefetch: args.prefetch,
         ..MountOptions::default()
     };
     Ok(PluginConfig {
@@ -270,6 +277,10 @@ fn plugin_config(args: Args) -> anyhow::Result<PluginConfig> {
         metrics_addr: args.metrics_addr,
         peer,
     })
+}
+
+fn parse_prefetch(text: &str) -> Result<PrefetchSelection, String> {
+    PrefetchSelection::parse(text).map_err(|e| e.to_string())
 }
 
 /// A bound on fetches in flight: at least one (zero would stop every read), at most 4096.

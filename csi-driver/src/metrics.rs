@@ -19,6 +19,8 @@ use prometheus::{
 use sealed_mount::{MetricsSnapshot, MountMetrics};
 use tonic::Code;
 
+use crate::cold_start::ColdStartMetrics;
+
 /// The plugin's metrics. One per process, shared by the driver and the gRPC services.
 pub struct Metrics {
     registry: Registry,
@@ -29,6 +31,7 @@ pub struct Metrics {
     unpublish_errors: IntCounterVec,
     mounts_resumed: IntCounter,
     mounts_unprotected: IntGauge,
+    cold_start: ColdStartMetrics,
 }
 
 const PUBLISH_BUCKETS: &[f64] = &[
@@ -86,6 +89,7 @@ impl Metrics {
         registry.register(Box::new(unpublish_errors.clone()))?;
         registry.register(Box::new(MountCollector::new(mount)?))?;
         registry.register(Box::new(build_info()?))?;
+        let cold_start = ColdStartMetrics::register(&registry)?;
         // The success series exists from the start (rate() and the dashboard see it at once).
         publish_seconds.with_label_values(&["OK"]);
         Ok(Metrics {
@@ -97,7 +101,13 @@ impl Metrics {
             unpublish_errors,
             mounts_resumed,
             mounts_unprotected,
+            cold_start,
         })
+    }
+
+    /// The cold-start series (`crate::cold_start`).
+    pub fn cold_start(&self) -> &ColdStartMetrics {
+        &self.cold_start
     }
 
     pub fn add_resumed(&self, n: usize) {

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use sealed_mount::PrefetchSelection;
 use sealed_store::Digest;
 use tonic::{Request, Response, Status};
 
@@ -31,6 +32,8 @@ pub const DIGEST_ATTRIBUTE: &str = "digest";
 /// With [`TAG_ATTRIBUTE`], names a version by a tag of a SealedVolume in the pod's namespace.
 pub const VOLUME_ATTRIBUTE: &str = "volume";
 pub const TAG_ATTRIBUTE: &str = "tag";
+/// What to prefetch on the version's mount: `none | model | all | GLOBS` ([`prefetch_from_context`]).
+pub const PREFETCH_ATTRIBUTE: &str = "prefetch";
 /// Set by kubelet on ephemeral inline volumes.
 pub const EPHEMERAL_ATTRIBUTE: &str = "csi.storage.k8s.io/ephemeral";
 
@@ -70,13 +73,7 @@ impl NodeService {
                 ));
             };
             return self
-                .mount(
-                    checked.volume_id,
-                    digest,
-                    checked.target,
-                    String::new(),
-                    req,
-                )
+                .mount(checked.volume_id, digest, checked.target, None, req)
                 .await;
         };
         kube.check_csidriver().await?;
@@ -94,7 +91,7 @@ impl NodeService {
             checked.volume_id,
             digest,
             checked.target,
-            pod.namespace.clone(),
+            Some((kube.clone(), pod.clone())),
             req,
         )
         .await?;
@@ -109,7 +106,7 @@ impl NodeService {
         volume_id: String,
         digest: Digest,
         target: PathBuf,
-        namespace: String,
+        pod: Option<(Arc<KubeAccess>, PodInfo)>,
         req: &NodePublishVolumeRequest,
     ) -> Result<(), CsiError> {
         let ephemeral = req
@@ -118,14 +115,26 @@ impl NodeService {
             .is_some_and(|v| v == "true");
         server::record_digest(&digest);
         tracing::debug!(ephemeral, "version resolved");
-        self.driver
+        let namespace = pod
+            .as_ref()
+            .map(|(_, p)| p.namespace.clone())
+            .unwrap_or_default();
+        let mounted = self
+            .driver
             .publish(Publish {
                 volume_id,
                 digest,
                 target,
                 namespace,
+                // Checked in `check_publish` already, before any API call.
+                prefetch: prefetch_from_context(&req.volume_context)?,
             })
             .await?;
+        // A mount this publish made: its cold start is recorded once its readers go quiet.
+        if let Some(record) = mounted {
+            let metrics = self.driver.metrics().cold_start().clone();
+            crate::cold_start::follow(record, digest, metrics, pod);
+        }
         // The operator must see the digest in use before the pod reads it.
         if let Some(reporter) = &self.reporter {
             reporter.report("publish").await;
@@ -269,6 +278,22 @@ pub fn version_from_context(context: &HashMap<String, String>) -> Result<Version
     }
 }
 
+/// What the volume asks to prefetch (attribute `prefetch`: `none`, `model`, `all`, globs,
+/// or `model` with globs), `None` when unset (the plugin's `--prefetch` then applies). A value
+/// that does not parse is `InvalidArgument` naming the attribute and what it may be.
+pub fn prefetch_from_context(
+    context: &HashMap<String, String>,
+) -> Result<Option<PrefetchSelection>, CsiError> {
+    let Some(text) = context.get(PREFETCH_ATTRIBUTE) else {
+        return Ok(None);
+    };
+    PrefetchSelection::parse(text).map(Some).map_err(|e| {
+        CsiError::InvalidArgument(format!(
+            "volume attribute 'prefetch': {e}; expected none, model, all, or comma-separated              globs ('model,*.json' adds globs to model)"
+        ))
+    })
+}
+
 /// A checked publish request whose version is not resolved yet.
 struct CheckedPublish {
     volume_id: String,
@@ -281,6 +306,7 @@ fn check_publish(req: &NodePublishVolumeRequest) -> Result<CheckedPublish, CsiEr
     let target = required(&req.target_path, "target_path")?;
     check_capability(req.volume_capability.as_ref(), req.readonly)?;
     let version = version_from_context(&req.volume_context)?;
+    prefetch_from_context(&req.volume_context)?;
     let target = PathBuf::from(target);
     if !target.is_absolute() {
         return Err(CsiError::InvalidArgument(format!(
@@ -497,6 +523,56 @@ mod tests {
         ));
         assert!(is_object_name("llama-3.8b") && !is_object_name(&"a".repeat(254)));
         assert!(is_dns_label("ml") && !is_dns_label("m.l") && !is_dns_label(""));
+    }
+
+    #[test]
+    fn prefetch_attribute() {
+        let mut ctx = HashMap::new();
+        assert_eq!(prefetch_from_context(&ctx).unwrap(), None);
+        for (text, want) in [
+            ("none", PrefetchSelection::None),
+            ("", PrefetchSelection::None),
+            ("model", PrefetchSelection::Model { globs: vec![] }),
+            ("all", PrefetchSelection::All),
+            (
+                "model,*.json",
+                PrefetchSelection::Model {
+                    globs: vec!["*.json".into()],
+                },
+            ),
+            (
+                "*.safetensors, tokenizer*",
+                PrefetchSelection::Globs(vec!["*.safetensors".into(), "tokenizer*".into()]),
+            ),
+        ] {
+            ctx.insert(PREFETCH_ATTRIBUTE.into(), text.into());
+            assert_eq!(prefetch_from_context(&ctx).unwrap(), Some(want), "{text}");
+        }
+        for bad in ["[", "all,model", "none,*.json", "model,{a"] {
+            ctx.insert(PREFETCH_ATTRIBUTE.into(), bad.into());
+            let e = prefetch_from_context(&ctx).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{bad}");
+            let text = e.to_string();
+            assert!(
+                text.contains("volume attribute 'prefetch'")
+                    && text.contains("expected none, model"),
+                "{text}"
+            );
+        }
+        // A publish with a bad value is refused before anything else is looked at.
+        let req = NodePublishVolumeRequest {
+            volume_id: "v".into(),
+            target_path: "/pods/x".into(),
+            volume_capability: Some(cap(Mode::SingleNodeReaderOnly)),
+            readonly: true,
+            volume_context: HashMap::from([
+                ("digest".to_string(), Digest::of(b"x").to_string()),
+                ("prefetch".to_string(), "all,*.json".to_string()),
+            ]),
+            ..Default::default()
+        };
+        let e = check_publish(&req).err().expect("refused");
+        assert!(e.to_string().contains("'all' stands alone"), "{e}");
     }
 
     #[test]

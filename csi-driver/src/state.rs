@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sealed_mount::{MountHandle, MountOptions, NodeCache};
+use sealed_mount::{MountHandle, MountOptions, NodeCache, PrefetchSelection};
 use sealed_store::{ChunkStore, Digest, Manifest, StoreOptions};
 use tokio::sync::Mutex;
 
@@ -142,6 +142,20 @@ impl Driver {
         let mut options = self.mount_options.clone();
         if options.restartable {
             options.io_mode_record = Some(self.io_mode_record(digest));
+        }
+        options
+    }
+
+    /// [`Driver::mount_options_for`] with the prefetch a publish asked for (its `prefetch`
+    /// attribute), else the plugin's default (`--prefetch`).
+    fn mount_options_with(
+        &self,
+        digest: &Digest,
+        prefetch: Option<&PrefetchSelection>,
+    ) -> MountOptions {
+        let mut options = self.mount_options_for(digest);
+        if let Some(selection) = prefetch {
+            options.prefetch = selection.clone();
         }
         options
     }

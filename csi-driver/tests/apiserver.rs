@@ -452,8 +452,10 @@ async fn checks(ctx: &Ctx<'_>, csi: &mut NodeClient<Channel>) -> Result<()> {
         ),
         (
             "stolen-unowned",
+            // Owned by nothing, as a version applied from Git is: only an attestation by
+            // the operator would let it authorize a mount.
             Made::Unowned,
-            "no controller ownerReference",
+            "status.attestation is missing",
         ),
     ];
     for (name, made, needle) in tenant_versions {
@@ -528,6 +530,34 @@ async fn checks(ctx: &Ctx<'_>, csi: &mut NodeClient<Channel>) -> Result<()> {
         ensure!(
             message.contains(&digest) && message.contains("pin the digest"),
             "event message: {message}"
+        );
+        eprintln!("event: {message}");
+        // The publish made the FUSE mount (the earlier ones were unpublished): once it went,
+        // its cold start is recorded on the pod it was made for.
+        let mut cold = None;
+        for _ in 0..40 {
+            let events = Api::<Event>::namespaced(client.clone(), owner)
+                .list(&ListParams::default().fields("involvedObject.name=tagpod"))
+                .await?;
+            cold = events
+                .items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("ColdStart"));
+            if cold.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let message = cold
+            .context("no ColdStart event on pod tagpod within 10 s")?
+            .message
+            .unwrap_or_default();
+        // (config.json may be a hydrated file by now, read through FUSE passthrough, which
+        // the daemon never sees: the message then says nothing was read.)
+        ensure!(
+            message.starts_with(&format!("cold start of {}: mounted in", &digest[..15]))
+                && message.contains("chunks from memory"),
+            "cold-start event message: {message}"
         );
         eprintln!("event: {message}");
     }

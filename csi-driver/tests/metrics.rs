@@ -137,6 +137,44 @@ async fn healthz_and_metrics_follow_publishes() {
             origin_after, origin_before,
             "the second read fetched from the origin"
         );
+        // The mount's cold-start record, once its readers are quiet (5 s): one FUSE mount
+        // made (the second publish shared it), and every origin byte was its own.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let page = loop {
+            let (_, page) = common::http_get(addr, "/metrics");
+            let done = common::sample(
+                &page,
+                r#"sealed_cold_start_seconds_count{phase="first_byte"}"#,
+            );
+            if done == Some(1.0) || std::time::Instant::now() > deadline {
+                break page;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(250));
+        };
+        let get =
+            |key: &str| common::sample(&page, key).unwrap_or_else(|| panic!("no {key} in\n{page}"));
+        assert_eq!(
+            get(r#"sealed_cold_start_seconds_count{phase="first_byte"}"#),
+            1.0,
+            "no cold-start record within 20 s:\n{page}\nlog:\n{}",
+            plugin.log()
+        );
+        assert_eq!(
+            get(r#"sealed_cold_start_seconds_count{phase="mount"}"#),
+            1.0
+        );
+        assert_eq!(get("sealed_cold_start_read_bytes_per_second_count"), 1.0);
+        assert_eq!(
+            get(r#"sealed_cold_start_bytes_total{tier="origin"}"#),
+            origin_before,
+            "the cold start's origin bytes are the store's fetched bytes"
+        );
+        assert_eq!(get(r#"sealed_cold_start_bytes_total{tier="peer"}"#), 0.0);
+        assert!(
+            plugin.log().contains("cold start of blake3:"),
+            "no cold-start log line:\n{}",
+            plugin.log()
+        );
         for (id, t) in [("v", &target), ("w", &second)] {
             client
                 .node_unpublish_volume(NodeUnpublishVolumeRequest {

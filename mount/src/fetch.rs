@@ -25,6 +25,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::breaker::{Admission, Breakers};
 use crate::cache::{DiskCache, MemoryCache};
+use crate::cold_start::ColdStart;
 use crate::error::{FetchError, MountError};
 use crate::metrics::{MountMetrics, Tier};
 use crate::peer::{PeerAnswer, PeerTier, Route};
@@ -293,18 +294,39 @@ impl NodeCache {
         chunk: &ChunkRef,
         slots: Option<&Arc<Semaphore>>,
     ) -> Result<Bytes, FetchError> {
+        self.get_for(store, chunk, slots, None).await
+    }
+
+    /// [`NodeCache::get_with`] for a mount whose cold start `tally` counts the chunk: by the
+    /// tier that fetched it when this call starts the fetch, as memory otherwise.
+    pub(crate) async fn get_for(
+        &self,
+        store: &ChunkStore,
+        chunk: &ChunkRef,
+        slots: Option<&Arc<Semaphore>>,
+        tally: Option<&Arc<ColdStart>>,
+    ) -> Result<Bytes, FetchError> {
         let digest = &chunk.digest;
         let metrics = &self.inner.metrics;
         let started = Instant::now();
         if let Some(data) = self.inner.memory.get(digest) {
             MountMetrics::inc(&metrics.memory_hits);
             metrics.observe_fetch(Tier::Memory, started.elapsed());
+            if let Some(t) = tally {
+                t.record_chunk(Tier::Memory, data.len() as u64);
+            }
             return self.checked_len(chunk, data);
         }
         MountMetrics::inc(&metrics.memory_misses);
         let joined = self.inner.inflight.lock().get(digest).cloned();
         let data = match (joined, slots) {
-            (Some(flight), _) => flight.await?,
+            (Some(flight), _) => {
+                let data = flight.await?;
+                if let Some(t) = tally {
+                    t.record_chunk(Tier::Memory, data.len() as u64);
+                }
+                data
+            }
             (None, Some(slots)) => {
                 let slot =
                     slots
@@ -315,12 +337,26 @@ impl NodeCache {
                             digest: *digest,
                             reason: "the mount's fetch slots are closed".into(),
                         })?;
-                self.flight(store, chunk, true, Some(slot), Route::PeersThenOrigin)
-                    .await?
+                self.flight_for(
+                    store,
+                    chunk,
+                    true,
+                    Some(slot),
+                    Route::PeersThenOrigin,
+                    tally.cloned(),
+                )
+                .await?
             }
             (None, None) => {
-                self.flight(store, chunk, true, None, Route::PeersThenOrigin)
-                    .await?
+                self.flight_for(
+                    store,
+                    chunk,
+                    true,
+                    None,
+                    Route::PeersThenOrigin,
+                    tally.cloned(),
+                )
+                .await?
             }
         };
         // A flight started by `prefetch` does not fill memory; this reader wants it there.
@@ -381,6 +417,20 @@ impl NodeCache {
         slot: Option<OwnedSemaphorePermit>,
         route: Route,
     ) -> impl Future<Output = Result<Bytes, FetchError>> + use<> {
+        self.flight_for(store, chunk, into_memory, slot, route, None)
+    }
+
+    /// [`NodeCache::flight`], where a fetch it starts counts its bytes in `tally` (the cold
+    /// start of the mount that asked), by the tier that answered.
+    pub(crate) fn flight_for(
+        &self,
+        store: &ChunkStore,
+        chunk: &ChunkRef,
+        into_memory: bool,
+        slot: Option<OwnedSemaphorePermit>,
+        route: Route,
+        tally: Option<Arc<ColdStart>>,
+    ) -> impl Future<Output = Result<Bytes, FetchError>> + use<> {
         let mut inflight = self.inner.inflight.lock();
         if let Some(flight) = inflight.get(&chunk.digest) {
             return flight.clone();
@@ -399,6 +449,12 @@ impl NodeCache {
         let (tx, rx) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
             let result = this.fetch_uncached(&store, &chunk, route).await;
+            let result = result.map(|(data, write, tier)| {
+                if let Some(t) = &tally {
+                    t.record_chunk(tier, data.len() as u64);
+                }
+                (data, write)
+            });
             // Fill memory before leaving the table, so no reader falls between the two.
             if into_memory && let Ok((data, _)) = &result {
                 this.inner.memory.put(&digest, data);
@@ -441,7 +497,7 @@ impl NodeCache {
         store: &ChunkStore,
         chunk: &ChunkRef,
         route: Route,
-    ) -> Result<(Bytes, bool), FetchError> {
+    ) -> Result<(Bytes, bool, Tier), FetchError> {
         let digest = &chunk.digest;
         let metrics = &self.inner.metrics;
         if self.inner.disk.is_some() {
@@ -457,7 +513,7 @@ impl NodeCache {
             if let Some(data) = hit {
                 MountMetrics::inc(&metrics.disk_hits);
                 metrics.observe_fetch(Tier::Disk, started.elapsed());
-                return Ok((data, false));
+                return Ok((data, false, Tier::Disk));
             }
             MountMetrics::inc(&metrics.disk_misses);
         }
@@ -467,13 +523,13 @@ impl NodeCache {
             && let Some(data) = self.fetch_from_peer(peers.as_ref(), chunk).await
         {
             metrics.observe_fetch(Tier::Peer, peer_started.elapsed());
-            return Ok((data, self.inner.disk.is_some()));
+            return Ok((data, self.inner.disk.is_some(), Tier::Peer));
         }
         let _gauge = InFlight::new(metrics, u64::from(chunk.len));
         let origin_started = Instant::now();
         let data = self.fetch_from_store(store, digest).await?;
         metrics.observe_fetch(Tier::Origin, origin_started.elapsed());
-        Ok((data, self.inner.disk.is_some()))
+        Ok((data, self.inner.disk.is_some(), Tier::Origin))
     }
 
     /// The chunk from the peer tier, verified here against its digest and length; `None`

@@ -11,11 +11,13 @@ use parking_lot::Mutex;
 use sealed_store::{ChunkRef, ChunkStore, Digest, FileEntry};
 use tokio::sync::Semaphore;
 
+use crate::cold_start::ColdStart;
 use crate::error::{FetchError, FsError};
 use crate::fetch::NodeCache;
 use crate::limits::MountLimits;
 use crate::metrics::MountMetrics;
 use crate::peer::Route;
+use crate::prefetch::ModelPrefetch;
 use crate::readahead::{Readahead, ReadaheadPolicy};
 use crate::tree::{Attr, DirEntry, Node, NodeType, ROOT_INO, Tree};
 
@@ -41,8 +43,13 @@ pub struct SealedFs {
     next_handle: AtomicU64,
     /// Chunk fetches one read may have in flight.
     fetches_per_read: usize,
-    /// The mount's fetches in flight (reads and readahead): a slot per fetch started.
+    /// The mount's fetches in flight (reads, readahead, model prefetch): a slot per fetch
+    /// started.
     fetch_slots: Arc<Semaphore>,
+    /// Model-aware prefetch on open (`crate::prefetch`), off unless turned on.
+    model: ModelPrefetch,
+    /// This mount's own numbers: time to first byte, bytes read, bytes per tier.
+    cold_start: Arc<ColdStart>,
 }
 
 /// Handle numbers start from the clock, so that a process that resumed a mount does not hand
@@ -80,6 +87,8 @@ impl SealedFs {
             next_handle: AtomicU64::new(first_handle()),
             fetches_per_read,
             fetch_slots: Arc::new(Semaphore::new(per_mount)),
+            model: ModelPrefetch::new(per_mount),
+            cold_start: Arc::new(ColdStart::default()),
         }
     }
 
@@ -88,7 +97,43 @@ impl SealedFs {
         let (per_read, per_mount) = limits.fetch_bounds();
         self.fetches_per_read = per_read;
         self.fetch_slots = Arc::new(Semaphore::new(per_mount));
+        let enabled = self.model.enabled();
+        self.model = ModelPrefetch::new(per_mount);
+        self.model.set_enabled(enabled);
         self
+    }
+
+    /// Turns the model-aware prefetch on (or off) for opens from now on: the first open of
+    /// each `*.safetensors` / `*.gguf` file fetches its tensors ahead of the reader
+    /// (`crate::prefetch`).
+    pub fn set_model_prefetch(&self, on: bool) {
+        self.model.set_enabled(on);
+    }
+
+    /// This mount's cold-start record ([`ColdStart`]).
+    pub fn cold_start(&self) -> &Arc<ColdStart> {
+        &self.cold_start
+    }
+
+    pub(crate) fn model_prefetch(&self) -> &ModelPrefetch {
+        &self.model
+    }
+
+    /// Ends every model prefetch under way (the mount is ending).
+    pub(crate) fn stop_prefetch(&self) {
+        self.model.stop();
+    }
+
+    pub(crate) fn fetch_slots(&self) -> &Arc<Semaphore> {
+        &self.fetch_slots
+    }
+
+    pub(crate) fn fetches_per_read(&self) -> usize {
+        self.fetches_per_read
+    }
+
+    pub(crate) fn readahead_policy(&self) -> &ReadaheadPolicy {
+        &self.readahead
     }
 
     pub fn digest(&self) -> &Digest {
@@ -208,12 +253,27 @@ impl SealedFs {
         self.handles.lock().remove(&fh);
     }
 
+    /// File `ino` was opened (after [`SealedFs::open`]): with the model-aware prefetch on,
+    /// the first open of a model file starts fetching its tensors in the background
+    /// (`crate::prefetch`). Needs a tokio runtime context; the FUSE adapter calls it.
+    pub fn opened(self: &Arc<Self>, ino: u64) {
+        crate::prefetch::on_open(self, ino);
+    }
+
     /// A handle of `ino` was released: if every chunk of the file is on the node now, it is
     /// assembled into a hydrated file in the background (`crate::hydrate`). Needs a tokio
     /// runtime context.
     pub fn released(&self, ino: u64) {
         if let Some(file) = self.file_entry(ino) {
             crate::hydrate::spawn_if_ready(&self.cache, &self.store, file);
+        }
+    }
+
+    /// The manifest entry of file `ino` and its chunk offsets (followed by the file size).
+    pub(crate) fn file_layout(&self, ino: u64) -> Option<(&FileEntry, &[u64])> {
+        match &self.tree.slot(ino)?.node {
+            Node::File { file, starts } => Some((file, starts)),
+            _ => None,
         }
     }
 
@@ -263,7 +323,10 @@ impl SealedFs {
     ) -> Result<Bytes, FsError> {
         let result = self.read_inner(ino, fh, offset, size).await;
         match &result {
-            Ok(data) => MountMetrics::add(&self.metrics().bytes_read, data.len() as u64),
+            Ok(data) => {
+                MountMetrics::add(&self.metrics().bytes_read, data.len() as u64);
+                self.cold_start.record_read(data.len() as u64);
+            }
             Err(FsError::Fetch(e)) => {
                 MountMetrics::inc(&self.metrics().read_errors);
                 let path = self.tree.path(ino).unwrap_or_default();
@@ -272,6 +335,17 @@ impl SealedFs {
             Err(_) => {}
         }
         result
+    }
+
+    /// [`SealedFs::read`] for a prefetch of the mount's own (a model header): the same path
+    /// and bounds, without readahead, and not counted as a reader's bytes or errors.
+    pub(crate) async fn read_for_prefetch(
+        &self,
+        ino: u64,
+        offset: u64,
+        size: u32,
+    ) -> Result<Bytes, FsError> {
+        self.read_inner(ino, None, offset, size).await
     }
 
     async fn read_inner(
@@ -301,10 +375,11 @@ impl SealedFs {
         // they are still computed checked, so that a broken invariant is EIO, never a panic
         // in a FUSE worker.
         let (cache, store, slots) = (&self.cache, &self.store, &self.fetch_slots);
+        let tally = &self.cold_start;
         // Chunks by value: a closure over `&ChunkRef` would make the read's future lose
         // `Send` (a higher-ranked lifetime the compiler cannot prove general).
         let mut fetched = futures::stream::iter(wanted.iter().copied())
-            .map(move |c| async move { cache.get_with(store, &c, Some(slots)).await })
+            .map(move |c| async move { cache.get_for(store, &c, Some(slots), Some(tally)).await })
             .buffered(self.fetches_per_read);
         let want = usize::try_from(end - offset).unwrap_or(0);
         let mut out = match wanted.len() {
@@ -377,12 +452,13 @@ impl SealedFs {
                 state.retract(start);
                 return;
             }
-            let flight = self.cache.flight(
+            let flight = self.cache.flight_for(
                 &self.store,
                 &chunk,
                 true,
                 Some(slot),
                 Route::PeersThenOrigin,
+                Some(self.cold_start.clone()),
             );
             let cache = self.cache.clone();
             tokio::spawn(async move {

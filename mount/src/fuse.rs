@@ -243,6 +243,11 @@ impl Filesystem for FuseAdapter {
             || flags.0 & (libc::O_TRUNC | libc::O_APPEND) != 0;
         match self.fs.open(ino.0, write) {
             Ok(fh) if self.fs.tree().kind(ino.0) == Some(NodeType::File) => {
+                {
+                    // Model-aware prefetch starts in the background (`crate::prefetch`).
+                    let _runtime = self.runtime.enter();
+                    self.fs.opened(ino.0);
+                }
                 self.passthrough.open(&self.fs, ino.0, fh, reply)
             }
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),

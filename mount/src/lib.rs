@@ -18,6 +18,7 @@
 
 mod breaker;
 mod cache;
+pub mod cold_start;
 pub mod error;
 pub mod fetch;
 pub mod fs;
@@ -27,6 +28,7 @@ mod io_modes;
 pub mod limits;
 mod lru;
 pub mod metrics;
+pub mod model_header;
 mod passthrough;
 pub mod peer;
 pub mod prefetch;

@@ -66,8 +66,15 @@ pub struct MountMetrics {
     /// that failed (a chunk failed or the whole-file BLAKE3 did not match: nothing kept).
     pub files_hydrated: AtomicU64,
     pub hydration_failures: AtomicU64,
-    /// Chunks the model-aware and learned prefetch fetched ahead of readers.
+    /// Chunks the model-aware and learned prefetch fetched ahead of readers (chunks already
+    /// local or in flight are not counted).
     pub model_prefetch_chunks: AtomicU64,
+    /// Model files (`*.safetensors`, `*.gguf`) whose model-aware prefetch started fetching,
+    /// once per file per mount (again after a failed attempt).
+    pub model_prefetch_files: AtomicU64,
+    /// Model headers refused (malformed, out of bounds, over a cap): those files were
+    /// prefetched in plain order instead.
+    pub model_header_failures: AtomicU64,
     /// Latency of chunk lookups answered by each tier ([`Tier`]), successful ones only.
     pub chunk_fetch_seconds: [LatencyHistogram; 4],
 }
@@ -181,6 +188,8 @@ pub struct MetricsSnapshot {
     pub files_hydrated: u64,
     pub hydration_failures: u64,
     pub model_prefetch_chunks: u64,
+    pub model_prefetch_files: u64,
+    pub model_header_failures: u64,
 }
 
 impl MountMetrics {
@@ -237,6 +246,8 @@ impl MountMetrics {
             files_hydrated: g(&self.files_hydrated),
             hydration_failures: g(&self.hydration_failures),
             model_prefetch_chunks: g(&self.model_prefetch_chunks),
+            model_prefetch_files: g(&self.model_prefetch_files),
+            model_header_failures: g(&self.model_header_failures),
         }
     }
 

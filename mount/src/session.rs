@@ -27,8 +27,11 @@ use crate::tree::Tree;
 #[derive(Clone, Debug)]
 pub struct MountOptions {
     pub readahead: ReadaheadPolicy,
-    /// Background prefetch into the disk cache after mounting.
+    /// What to prefetch: in the background into the disk cache after mounting (`all`,
+    /// globs), and model files' tensors on their first open (`model`). See `crate::prefetch`.
     pub prefetch: PrefetchSelection,
+    /// Chunks a background prefetch fetches at once. (The model-aware prefetch fetches up to
+    /// `limits.max_fetches_per_read` per file, within half of `max_fetches_per_mount`.)
     pub prefetch_concurrency: usize,
     /// FUSE worker threads (each with its own cloned /dev/fuse fd).
     pub threads: usize,
@@ -80,8 +83,8 @@ pub struct MountHandle {
     fuse: Option<OwnedFd>,
     thread: Option<JoinHandle<io::Result<()>>>,
     ended: watch::Receiver<bool>,
-    /// The background prefetch, aborted when the mount ends.
-    prefetch: Option<tokio::task::JoinHandle<()>>,
+    /// The prefetches this mount runs, aborted when the mount ends.
+    prefetch: Prefetches,
     device: Option<u64>,
     ready_in: Duration,
 }
@@ -166,6 +169,15 @@ impl MountHandle {
         resume_prepared(started, prepared, fuse, mountpoint.as_ref(), options).await
     }
 
+    /// Adds `selection` to what this running mount prefetches (the CSI node plugin, when a
+    /// later publish of the same version asks for more than the first): `model` turns the
+    /// model-aware prefetch on for opens from now on (files opened before are not gone back
+    /// to), and `all` or globs not asked for before start a background prefetch now. Nothing
+    /// is turned off. False if it asked for nothing new. Needs a tokio runtime context.
+    pub fn add_prefetch(&self, selection: &PrefetchSelection) -> bool {
+        self.prefetch.add(&self.fs, selection)
+    }
+
     /// A duplicate of the mount's /dev/fuse fd, for a holder process that keeps the mount
     /// alive while this process restarts (mounts made with `restartable` only).
     pub fn fuse_fd(&self) -> io::Result<OwnedFd> {
@@ -202,6 +214,11 @@ impl MountHandle {
         self.ready_in
     }
 
+    /// This mount's cold start so far: time to first byte, bytes read, bytes per tier.
+    pub fn cold_start(&self) -> &Arc<crate::cold_start::ColdStart> {
+        self.fs.cold_start()
+    }
+
     /// True once the filesystem is no longer served (unmounted by anyone).
     pub fn has_ended(&self) -> bool {
         *self.ended.borrow()
@@ -215,9 +232,7 @@ impl MountHandle {
     /// Unmounts and stops serving. If files are still open (EBUSY) the mount is detached
     /// lazily and its FUSE connection aborted, so this never hangs.
     pub async fn unmount(mut self) -> Result<(), MountError> {
-        if let Some(task) = self.prefetch.take() {
-            task.abort();
-        }
+        self.prefetch.stop(&self.fs);
         let unmounter = self.unmounter.take();
         let path = self.mountpoint.clone();
         let device = self.device;
@@ -263,9 +278,7 @@ impl MountHandle {
 
 impl Drop for MountHandle {
     fn drop(&mut self) {
-        if let Some(task) = self.prefetch.take() {
-            task.abort();
-        }
+        self.prefetch.stop(&self.fs);
         if let Some(mut unmounter) = self.unmounter.take()
             && !self.has_ended()
             && unmounter.unmount().is_err()
@@ -274,6 +287,67 @@ impl Drop for MountHandle {
             if let Some(dev) = self.device {
                 abort_connection(dev);
             }
+        }
+    }
+}
+
+/// The prefetches of a mount: the selections asked for so far, and the background tasks
+/// they started.
+struct Prefetches {
+    concurrency: usize,
+    state: parking_lot::Mutex<(Vec<PrefetchSelection>, Vec<tokio::task::JoinHandle<()>>)>,
+}
+
+impl Prefetches {
+    fn new(concurrency: usize) -> Prefetches {
+        Prefetches {
+            concurrency,
+            state: parking_lot::Mutex::new((Vec::new(), Vec::new())),
+        }
+    }
+
+    /// Adds `selection` to what the mount prefetches: `model` turns the model-aware prefetch
+    /// on for opens from now on, and a background part (`all`, globs) not asked for before
+    /// starts now. Nothing is ever turned off. False if it asked for nothing new.
+    fn add(&self, fs: &Arc<SealedFs>, selection: &PrefetchSelection) -> bool {
+        let mut new = false;
+        if selection.model() && !fs.model_prefetch().enabled() {
+            fs.set_model_prefetch(true);
+            new = true;
+        }
+        if !selection.background() {
+            return new;
+        }
+        let mut state = self.state.lock();
+        let (asked, tasks) = &mut *state;
+        let background = |s: &PrefetchSelection| match s {
+            PrefetchSelection::Model { globs } => PrefetchSelection::Globs(globs.clone()),
+            other => other.clone(),
+        };
+        let wanted = background(selection);
+        if asked
+            .iter()
+            .any(|s| *s == wanted || *s == PrefetchSelection::All)
+        {
+            return new;
+        }
+        asked.push(wanted.clone());
+        tasks.retain(|t| !t.is_finished());
+        let fs = fs.clone();
+        let concurrency = self.concurrency;
+        tasks.push(tokio::spawn(async move {
+            match crate::prefetch::prefetch(fs, &wanted, concurrency).await {
+                Ok(report) => tracing::info!(?report, "background prefetch done"),
+                Err(e) => tracing::warn!(error = %e, "background prefetch failed"),
+            }
+        }));
+        true
+    }
+
+    fn stop(&self, fs: &SealedFs) {
+        fs.stop_prefetch();
+        for task in self.state.lock().1.drain(..) {
+            task.abort();
         }
     }
 }
@@ -350,6 +424,7 @@ fn prepare(
         Tree::build(manifest).map_err(|reason| MountError::BadManifest { digest, reason })?;
     let fs =
         Arc::new(SealedFs::new(digest, tree, store, cache, options.readahead).with_limits(limits));
+    fs.set_model_prefetch(options.prefetch.model());
     let adapter = FuseAdapter::with_passthrough(
         fs.clone(),
         tokio::runtime::Handle::current(),
@@ -482,6 +557,7 @@ async fn start(
             source,
         })?;
     let ready_in = started.elapsed();
+    fs.cold_start().mark_ready(started);
 
     // Now that requests are served, look at the mount: its device names the kernel's
     // readahead knob and the FUSE connection.
@@ -498,20 +574,8 @@ async fn start(
     .ok()
     .flatten();
 
-    let prefetching = match &options.prefetch {
-        PrefetchSelection::None => None,
-        selection => {
-            let selection = selection.clone();
-            let fs = fs.clone();
-            let concurrency = options.prefetch_concurrency;
-            Some(tokio::spawn(async move {
-                match crate::prefetch::prefetch(fs, &selection, concurrency).await {
-                    Ok(report) => tracing::info!(?report, "background prefetch done"),
-                    Err(e) => tracing::warn!(error = %e, "background prefetch failed"),
-                }
-            }))
-        }
-    };
+    let prefetching = Prefetches::new(options.prefetch_concurrency);
+    prefetching.add(&fs, &options.prefetch);
     tracing::info!(
         %digest,
         mountpoint = %mountpoint.display(),

@@ -43,8 +43,11 @@ pub struct MountArgs {
     /// Largest readahead window per open file (0 turns readahead off)
     #[arg(long, default_value = "64Mi", value_parser = parse_size)]
     pub readahead: u64,
-    /// Prefetch into the disk cache in the background: all, none, or comma-separated globs
-    /// (e.g. '*.safetensors,tokenizer*')
+    /// What to fetch before it is read: none; model (on the first open of a *.safetensors or
+    /// *.gguf file, its header is read and its tensors fetched in offset order, many at once;
+    /// needs a disk cache to go past the first readahead window); all, or comma-separated
+    /// globs (e.g. '*.safetensors,tokenizer*'), fetched into the disk cache in the background
+    /// after mounting; or model with globs ('model,*.json')
     #[arg(long, default_value = "none")]
     pub prefetch: String,
     /// FUSE worker threads

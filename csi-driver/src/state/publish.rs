@@ -3,8 +3,11 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use sealed_mount::MountHandle;
+use sealed_mount::cold_start::ColdStart;
+
+use sealed_mount::{MountHandle, PrefetchSelection};
 use sealed_store::Digest;
 
 use super::{Driver, Mounts, Publication, VersionMount};
@@ -22,6 +25,9 @@ pub struct Publish {
     /// The namespace of the pod it is for (empty in standalone mode), reported in the node
     /// publications Lease.
     pub namespace: String,
+    /// The volume's `prefetch` attribute, if set (else the plugin's `--prefetch`). Selections
+    /// of the publishes of one version add up on its shared mount (docs/csi.md).
+    pub prefetch: Option<PrefetchSelection>,
 }
 
 /// What a published volume looks like, for `NodeGetVolumeStats`.
@@ -34,24 +40,37 @@ pub struct VolumeStats {
 impl Driver {
     /// Mounts `digest` (once per node) and bind-mounts it read-only onto the target. A
     /// version not mounted yet is mounted under its own lock only: the driver's tables are
-    /// free meanwhile, however long the store takes.
-    pub async fn publish(&self, req: Publish) -> Result<(), CsiError> {
+    /// free meanwhile, however long the store takes. Returns the new mount's cold-start record
+    /// when this call made the FUSE mount (`None` when the version was mounted already).
+    pub async fn publish(&self, req: Publish) -> Result<Option<Arc<ColdStart>>, CsiError> {
         self.check_target(&req.target)?;
         let _version = self.digest_locks.lock(req.digest).await;
         {
             let mut mounts = self.mounts.lock().await;
             if already_published(&mounts, &req)? {
                 tracing::debug!(target = %req.target.display(), "already published");
-                return Ok(());
+                return Ok(None);
             }
             self.replace_ended(&mut mounts, &req.digest).await;
-            if mounts.versions.contains_key(&req.digest) {
+            if let Some(version) = mounts.versions.get(&req.digest) {
+                // The mount is shared: what this publish asks to prefetch is added to it.
+                let selection = req
+                    .prefetch
+                    .as_ref()
+                    .unwrap_or(&self.mount_options.prefetch);
+                if version.handle.add_prefetch(selection) {
+                    tracing::info!(digest = %req.digest, ?selection,
+                        "prefetch added to the running mount");
+                }
                 let result = self.bind_locked(&mut mounts, req, false).await;
                 self.count(&mounts);
-                return result;
+                return result.map(|()| None);
             }
         }
-        let handle = self.mount_version(&req.digest).await?;
+        let handle = self
+            .mount_version(&req.digest, req.prefetch.as_ref())
+            .await?;
+        let cold_start = handle.cold_start().clone();
         // Best effort: a mount the holder lacks is counted (and retried) by `refresh_holder`.
         self.hold(&handle, &req.digest).await;
         let mut mounts = self.mounts.lock().await;
@@ -64,12 +83,14 @@ impl Driver {
                         targets: BTreeSet::new(),
                     },
                 );
-                self.bind_locked(&mut mounts, req, true).await
+                self.bind_locked(&mut mounts, req, true)
+                    .await
+                    .map(|()| Some(cold_start))
             }
             // The target was published meanwhile: the new mount has no target.
             other => {
                 self.unmount_version(req.digest, handle).await;
-                other.map(drop)
+                other.map(|_| None)
             }
         };
         self.count(&mounts);
@@ -227,7 +248,11 @@ impl Driver {
 
     /// Mounts `digest` from its kept manifest, else from the store's (fetched once, kept).
     /// The caller holds the version's lock.
-    async fn mount_version(&self, digest: &Digest) -> Result<MountHandle, CsiError> {
+    async fn mount_version(
+        &self,
+        digest: &Digest,
+        prefetch: Option<&PrefetchSelection>,
+    ) -> Result<MountHandle, CsiError> {
         let manifest = match self.manifests.read(digest) {
             Some(bytes) => bytes,
             None => {
@@ -254,7 +279,7 @@ impl Driver {
                 manifest,
                 &dir,
                 self.cache.clone(),
-                self.mount_options_for(digest),
+                self.mount_options_with(digest, prefetch),
             )
             .await?;
             Ok(handle)
