@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use sealed_crds::human_bytes as bytes;
 use sealed_mount::Tier;
 use sealed_mount::cold_start::{ColdStart, ColdStartSnapshot};
 use sealed_store::Digest;
@@ -167,21 +168,6 @@ pub fn describe(digest: &Digest, s: &ColdStartSnapshot) -> String {
         .collect();
     out.push_str(&format!("; chunks from {}", tiers.join(", ")));
     out
-}
-
-fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
 }
 
 #[cfg(test)]

@@ -466,7 +466,7 @@ pub(crate) mod write {
     pub fn gguf(alignment: Option<u32>, tensors: &[(&str, &[u64], u64)]) -> Vec<u8> {
         let mut out = gguf_unpadded(alignment, tensors);
         let align = u64::from(alignment.unwrap_or(32));
-        while out.len() as u64 % align != 0 {
+        while !(out.len() as u64).is_multiple_of(align) {
             out.push(0);
         }
         out

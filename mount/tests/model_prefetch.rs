@@ -175,7 +175,7 @@ fn gguf(seed: u64, tensors: usize, data_len: usize) -> Vec<u8> {
         out.extend_from_slice(&0u32.to_le_bytes()); // F32
         out.extend_from_slice(&((i * each) as u64).to_le_bytes());
     }
-    while out.len() % 64 != 0 {
+    while !out.len().is_multiple_of(64) {
         out.push(0);
     }
     out.extend_from_slice(&random_bytes(seed, each * tensors));

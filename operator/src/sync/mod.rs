@@ -141,21 +141,8 @@ impl CountersSnapshot {
     }
 }
 
-/// Bytes in binary units with one decimal: 3.1 GiB.
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
+/// One home for the size strings of status fields and Events (`sealed_crds`).
+pub use sealed_crds::human_bytes;
 
 /// Where a sync stands, as an executor sees it.
 #[derive(Clone, Debug, PartialEq)]
