@@ -150,7 +150,9 @@ struct Args {
     /// A fixed peer list instead (host:port, comma-separated)
     #[arg(long, value_delimiter = ',')]
     peers: Vec<String>,
-    /// Milliseconds to wait for a peer before reading a chunk from the store
+    /// Milliseconds for a peer to start answering (its headers come at once, before it has
+    /// the chunk) before reading the chunk from the store and not asking it for 5 s; once it
+    /// answered it has 10 s (or this bound, if longer) to send the chunk
     #[arg(long, default_value_t = 3000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
     peer_timeout_ms: u64,
     /// Most nodes one owner serves a chunk to; the owners per chunk widen beyond that

@@ -270,6 +270,48 @@ const PLAIN: &[Plain] = &[
         |s| s.prefetch_skipped,
     ),
     (
+        "sealed_passthrough_opens_total",
+        "Opens of hydrated files answered by FUSE passthrough (the kernel serves their reads)",
+        Kind::Counter,
+        |s| s.passthrough_opens,
+    ),
+    (
+        "sealed_passthrough_fallbacks_total",
+        "Opens of hydrated files served by the daemon instead (passthrough unavailable or refused)",
+        Kind::Counter,
+        |s| s.passthrough_fallbacks,
+    ),
+    (
+        "sealed_files_hydrated_total",
+        "Files assembled complete and verified in the disk cache, for passthrough",
+        Kind::Counter,
+        |s| s.files_hydrated,
+    ),
+    (
+        "sealed_hydration_failures_total",
+        "Files whose assembly for passthrough failed (their reads stay daemon-served)",
+        Kind::Counter,
+        |s| s.hydration_failures,
+    ),
+    (
+        "sealed_model_prefetch_files_total",
+        "Model files (safetensors, GGUF) whose tensors the model-aware prefetch fetched",
+        Kind::Counter,
+        |s| s.model_prefetch_files,
+    ),
+    (
+        "sealed_model_prefetch_chunks_total",
+        "Chunks the model-aware prefetch fetched",
+        Kind::Counter,
+        |s| s.model_prefetch_chunks,
+    ),
+    (
+        "sealed_model_header_failures_total",
+        "Model files whose header was refused (prefetched in plain order instead)",
+        Kind::Counter,
+        |s| s.model_header_failures,
+    ),
+    (
         "sealed_disk_cache_bytes",
         "Bytes held by the node disk cache",
         Kind::Gauge,

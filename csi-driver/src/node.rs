@@ -289,7 +289,8 @@ pub fn prefetch_from_context(
     };
     PrefetchSelection::parse(text).map(Some).map_err(|e| {
         CsiError::InvalidArgument(format!(
-            "volume attribute 'prefetch': {e}; expected none, model, all, or comma-separated              globs ('model,*.json' adds globs to model)"
+            "volume attribute 'prefetch': {e}; expected none, model, all, or comma-separated \
+             globs ('model,*.json' adds globs to model)"
         ))
     })
 }

@@ -52,6 +52,7 @@ pub async fn start(
     membership::check_addr(&config.advertise).context("--peer-advertise")?;
     let mut options = PeerOptions::new(config.listen, config.advertise.clone(), token);
     options.request_timeout = config.request_timeout;
+    options.body_timeout = options.body_timeout.max(options.request_timeout);
     options.fanout = config.fanout.max(1);
     let members: Membership = match &config.members {
         PeerMembers::Fixed(addrs) => membership::fixed(addrs.clone(), options.fanout),
@@ -113,7 +114,7 @@ impl PeerCollector {
             .with_label_values(&["origin"])
             .inc_by(m.store_bytes_fetched);
         out.push(Box::new(bytes));
-        let counters: [(&str, &str, u64); 14] = [
+        let counters: [(&str, &str, u64); 17] = [
             (
                 "sealed_peer_hits_total",
                 "Chunks a peer served (verified)",
@@ -140,9 +141,19 @@ impl PeerCollector {
                 p.request_failures,
             ),
             (
+                "sealed_peer_request_busy_total",
+                "Requests to owners answered 503 (too many at once there)",
+                p.request_busy,
+            ),
+            (
                 "sealed_peer_request_timeouts_total",
-                "Requests to owners that hit the time bound",
+                "Requests to owners that sent no headers within --peer-timeout-ms (owner marked down)",
                 p.request_timeouts,
+            ),
+            (
+                "sealed_peer_body_timeouts_total",
+                "Requests to owners that answered but sent no chunk within the body bound",
+                p.body_timeouts,
             ),
             (
                 "sealed_peer_skipped_down_total",
@@ -166,8 +177,13 @@ impl PeerCollector {
             ),
             (
                 "sealed_peer_served_rejected_total",
-                "Peer requests turned away (token, malformed, too many at once)",
+                "Peer requests turned away (token, malformed)",
                 p.served_rejected,
+            ),
+            (
+                "sealed_peer_served_busy_total",
+                "Peer requests told 503: too many at once here",
+                p.served_busy,
             ),
             (
                 "sealed_peer_served_errors_total",

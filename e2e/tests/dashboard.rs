@@ -5,7 +5,8 @@
 //! must be one of them. A panel or alert on a renamed or never-exported series fails here.
 //!
 //! The operator needs no cluster for this: it serves `/metrics` while it waits for a leader
-//! lease on an API server that does not answer. The plugin runs `--standalone`.
+//! lease on an API server that does not answer. The plugin runs `--standalone`, with its peer
+//! tier on (a fleet of one) so that the peer series are exported too.
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
@@ -128,9 +129,16 @@ fn alert_exprs(path: &Path) -> Result<Vec<String>> {
     Ok(exprs)
 }
 
+/// The plugin with its peer tier on (a fleet of one, itself), so the peer series exist too.
 fn start_plugin(bin: &Path, dir: &Path, port: u16) -> Result<Running> {
     std::fs::create_dir_all(dir.join("store"))?;
+    let token = dir.join("peer-token");
+    std::fs::write(&token, "dashboard-test-peer-token-0123456789")?;
+    let peer = format!("127.0.0.1:{}", free_port());
     let child = Command::new(bin)
+        .arg(format!("--peer-listen={peer}"))
+        .arg(format!("--peers={peer}"))
+        .arg(format!("--peer-token-file={}", token.display()))
         .arg("--standalone")
         .arg(format!(
             "--endpoint=unix://{}",

@@ -682,7 +682,8 @@ async fn without_a_disk_tier_only_the_first_window_is_prefetched() {
     let ino = fs.lookup(ROOT_INO, rel.as_bytes()).map(|a| a.ino).unwrap();
     let fh = fs.open(ino, false).unwrap();
     fs.opened(ino);
-    // Until the fetches stop.
+    // Until the fetches stop (bounded: with the prefetch broken the file is never counted).
+    let started = Instant::now();
     let mut last = (usize::MAX, Instant::now());
     loop {
         let now = v.fetched(rel);
@@ -693,6 +694,12 @@ async fn without_a_disk_tier_only_the_first_window_is_prefetched() {
         {
             break;
         }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the model prefetch did not run in 60 s: {} chunks fetched, {:?}",
+            now,
+            fs.metrics().snapshot().model_prefetch_files
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let file = v.file(rel);

@@ -30,6 +30,7 @@ struct Inner {
     http: reqwest::Client,
     token: PeerToken,
     request_timeout: Duration,
+    body_timeout: Duration,
     down_for: Duration,
     /// Owners that failed recently, and until when they are not asked.
     down: Mutex<HashMap<String, Instant>>,
@@ -46,7 +47,6 @@ impl PeerClient {
             // Peers speak h2c: one connection per owner carries every concurrent request.
             .http2_prior_knowledge()
             .connect_timeout(options.connect_timeout)
-            .timeout(options.request_timeout)
             // No HTTP/2 keep-alive pings: an owner busy hashing may answer a ping late, and a
             // missed ping closes the connection with every request on it. The request bound
             // covers a peer that went away.
@@ -60,6 +60,7 @@ impl PeerClient {
                 http,
                 token: options.token.clone(),
                 request_timeout: options.request_timeout,
+                body_timeout: options.body_timeout,
                 down_for: options.down_for,
                 down: Mutex::new(HashMap::new()),
                 metrics,
@@ -78,15 +79,15 @@ impl PeerTier for PeerClient {
                     PeerMetrics::inc(&inner.metrics.owned_here);
                     return PeerAnswer::OwnedHere;
                 }
-                // A secondary's request goes one hop only, in half the bound: the requester
+                // A secondary's request goes one hop only, in half the bounds: the requester
                 // that may be waiting on it still has time for the origin.
                 Role::Secondary { primary } => {
-                    inner
-                        .ask(&primary, chunk, true, inner.request_timeout / 2)
-                        .await
+                    let bounds = (inner.request_timeout / 2, inner.body_timeout / 2);
+                    inner.ask(&primary, chunk, true, bounds).await
                 }
                 Role::Requester { owner } => {
-                    inner.ask(&owner, chunk, false, inner.request_timeout).await
+                    let bounds = (inner.request_timeout, inner.body_timeout);
+                    inner.ask(&owner, chunk, false, bounds).await
                 }
             };
             answer.map_or(PeerAnswer::Missed, PeerAnswer::Chunk)
@@ -96,48 +97,76 @@ impl PeerTier for PeerClient {
 }
 
 impl Inner {
+    /// Asks `owner` for `chunk`: its headers within `bounds.0`, then the body within
+    /// `bounds.1`. `None` (fetch from the origin) on any failure.
     async fn ask(
         &self,
         owner: &Member,
         chunk: ChunkRef,
         last_hop: bool,
-        bound: Duration,
+        bounds: (Duration, Duration),
     ) -> Option<Bytes> {
         if self.is_down(&owner.addr) {
             PeerMetrics::inc(&self.metrics.skipped_down);
             return None;
         }
         PeerMetrics::inc(&self.metrics.requests);
-        let answer = tokio::time::timeout(bound, self.request(owner, chunk, last_hop)).await;
-        match answer {
-            Ok(Ok(data)) => Some(data),
-            Ok(Err(Failure::Busy)) => {
-                PeerMetrics::inc(&self.metrics.request_failures);
-                None
-            }
-            Ok(Err(Failure::Broken(reason))) => {
-                PeerMetrics::inc(&self.metrics.request_failures);
-                tracing::warn!(peer = %owner.addr, digest = %chunk.digest, %reason,
-                    "peer failed; fetching from the origin and not asking it for {:?}", self.down_for);
-                self.mark_down(&owner.addr);
-                None
+        let (header_bound, body_bound) = bounds;
+        let response = match tokio::time::timeout(
+            header_bound,
+            self.request(owner, chunk, last_hop),
+        )
+        .await
+        {
+            Ok(Ok(response)) => response,
+            Ok(Err(failure)) => {
+                self.failed(owner, &chunk, failure);
+                return None;
             }
             Err(_) => {
                 PeerMetrics::inc(&self.metrics.request_timeouts);
                 tracing::warn!(peer = %owner.addr, digest = %chunk.digest,
-                    "peer did not answer within {bound:?}; fetching from the origin");
+                    "peer did not answer within {header_bound:?}; fetching from the origin and not asking it for {:?}", self.down_for);
                 self.mark_down(&owner.addr);
+                return None;
+            }
+        };
+        match tokio::time::timeout(body_bound, read_body(response, chunk.len as usize)).await {
+            Ok(Ok(data)) => Some(data),
+            Ok(Err(failure)) => {
+                self.failed(owner, &chunk, failure);
+                None
+            }
+            Err(_) => {
+                // The owner answered, so it is alive; it is slow with this chunk (its origin
+                // fetch), not necessarily with the next.
+                PeerMetrics::inc(&self.metrics.body_timeouts);
+                tracing::debug!(peer = %owner.addr, digest = %chunk.digest,
+                    "peer did not send the chunk within {body_bound:?}; fetching from the origin");
                 None
             }
         }
     }
 
+    fn failed(&self, owner: &Member, chunk: &ChunkRef, failure: Failure) {
+        match failure {
+            Failure::Busy => PeerMetrics::inc(&self.metrics.request_busy),
+            Failure::Broken(reason) => {
+                PeerMetrics::inc(&self.metrics.request_failures);
+                tracing::warn!(peer = %owner.addr, digest = %chunk.digest, %reason,
+                    "peer failed; fetching from the origin and not asking it for {:?}", self.down_for);
+                self.mark_down(&owner.addr);
+            }
+        }
+    }
+
+    /// The owner's response headers, checked: 200 with the chunk's length (or none).
     async fn request(
         &self,
         owner: &Member,
         chunk: ChunkRef,
         last_hop: bool,
-    ) -> Result<Bytes, Failure> {
+    ) -> Result<reqwest::Response, Failure> {
         let url = format!("http://{}{}", owner.addr, chunk_path(&chunk));
         let mut request = self
             .http
@@ -146,7 +175,7 @@ impl Inner {
         if last_hop {
             request = request.header(HOP_HEADER, "1");
         }
-        let mut response = request
+        let response = request
             .send()
             .await
             .map_err(|e| Failure::Broken(chain(&e)))?;
@@ -157,34 +186,14 @@ impl Inner {
         if status != http::StatusCode::OK {
             return Err(Failure::Broken(format!("answered {status}")));
         }
-        let want = chunk.len as usize;
-        if response.content_length().is_some_and(|n| n != want as u64) {
+        let want = u64::from(chunk.len);
+        if response.content_length().is_some_and(|n| n != want) {
             return Err(Failure::Broken(format!(
                 "announced {:?} bytes for a {want}-byte chunk",
                 response.content_length()
             )));
         }
-        // Never more than the chunk's length in memory, whatever the peer sends.
-        let mut body = BytesMut::with_capacity(want);
-        while let Some(part) = response
-            .chunk()
-            .await
-            .map_err(|e| Failure::Broken(e.to_string()))?
-        {
-            if body.len().saturating_add(part.len()) > want {
-                return Err(Failure::Broken(format!(
-                    "sent more than the chunk's {want} bytes"
-                )));
-            }
-            body.extend_from_slice(&part);
-        }
-        if body.len() != want {
-            return Err(Failure::Broken(format!(
-                "sent {} of the chunk's {want} bytes",
-                body.len()
-            )));
-        }
-        Ok(body.freeze())
+        Ok(response)
     }
 
     fn is_down(&self, addr: &str) -> bool {
@@ -206,6 +215,31 @@ impl Inner {
             .unwrap_or_else(|e| e.into_inner())
             .insert(addr.to_owned(), until);
     }
+}
+
+/// The body of a chunk's response: exactly `want` bytes, and never more than that in memory
+/// whatever the peer sends.
+async fn read_body(mut response: reqwest::Response, want: usize) -> Result<Bytes, Failure> {
+    let mut body = BytesMut::with_capacity(want);
+    while let Some(part) = response
+        .chunk()
+        .await
+        .map_err(|e| Failure::Broken(chain(&e)))?
+    {
+        if body.len().saturating_add(part.len()) > want {
+            return Err(Failure::Broken(format!(
+                "sent more than the chunk's {want} bytes"
+            )));
+        }
+        body.extend_from_slice(&part);
+    }
+    if body.len() != want {
+        return Err(Failure::Broken(format!(
+            "sent {} of the chunk's {want} bytes",
+            body.len()
+        )));
+    }
+    Ok(body.freeze())
 }
 
 /// An error with its causes (reqwest's own text leaves them out).

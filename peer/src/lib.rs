@@ -56,9 +56,12 @@ pub struct PeerOptions {
     /// This node's address as the others see it in the membership (`host:port`).
     pub advertise: String,
     pub token: PeerToken,
-    /// Bound on one request to an owner (the owner may be fetching from the origin), after
-    /// which the reader fetches from the origin itself.
+    /// Bound on an owner's answer to start (its headers, sent before it has the chunk),
+    /// after which the reader fetches from the origin itself and the owner is marked down.
     pub request_timeout: Duration,
+    /// Bound on the body once the headers came (the owner may be fetching the chunk from the
+    /// origin): then the reader fetches from the origin itself, the owner not marked down.
+    pub body_timeout: Duration,
     pub connect_timeout: Duration,
     /// How long an owner that failed or timed out is not asked.
     pub down_for: Duration,
@@ -78,6 +81,7 @@ impl PeerOptions {
             advertise,
             token,
             request_timeout: Duration::from_secs(3),
+            body_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_millis(500),
             down_for: Duration::from_secs(5),
             max_concurrent_serves: 64,

@@ -8,18 +8,25 @@ use serde::Serialize;
 #[derive(Debug, Default)]
 pub struct PeerMetrics {
     /// Requests this node sent to an owner, and those that failed (error, refused,
-    /// wrong length, timed out) or were not sent because the owner was marked down.
+    /// wrong length), found the owner busy (503: too many requests at once there), got no
+    /// headers within the request bound (the owner is then marked down), or got headers but
+    /// not the body within the body bound (the owner is alive: not marked down), or were not
+    /// sent because the owner was marked down.
     pub requests: AtomicU64,
     pub request_failures: AtomicU64,
+    pub request_busy: AtomicU64,
     pub request_timeouts: AtomicU64,
+    pub body_timeouts: AtomicU64,
     pub skipped_down: AtomicU64,
     /// Chunks this node owns itself (primary, or alone): fetched from the origin here.
     pub owned_here: AtomicU64,
     /// Owner load: requests and bytes this node served to peers; requests it turned away
-    /// (bad token, bad request, too many at once) or could not answer (origin error).
+    /// (bad token, bad request), told to go elsewhere (too many at once: 503) or could not
+    /// answer (origin error, the serve bound).
     pub served_requests: AtomicU64,
     pub served_bytes: AtomicU64,
     pub served_rejected: AtomicU64,
+    pub served_busy: AtomicU64,
     pub served_errors: AtomicU64,
     /// Requests this node (a secondary owner) passed on to a chunk's primary.
     pub forwarded: AtomicU64,
@@ -30,12 +37,15 @@ pub struct PeerMetrics {
 pub struct PeerSnapshot {
     pub requests: u64,
     pub request_failures: u64,
+    pub request_busy: u64,
     pub request_timeouts: u64,
+    pub body_timeouts: u64,
     pub skipped_down: u64,
     pub owned_here: u64,
     pub served_requests: u64,
     pub served_bytes: u64,
     pub served_rejected: u64,
+    pub served_busy: u64,
     pub served_errors: u64,
     pub forwarded: u64,
 }
@@ -54,12 +64,15 @@ impl PeerMetrics {
         PeerSnapshot {
             requests: g(&self.requests),
             request_failures: g(&self.request_failures),
+            request_busy: g(&self.request_busy),
             request_timeouts: g(&self.request_timeouts),
+            body_timeouts: g(&self.body_timeouts),
             skipped_down: g(&self.skipped_down),
             owned_here: g(&self.owned_here),
             served_requests: g(&self.served_requests),
             served_bytes: g(&self.served_bytes),
             served_rejected: g(&self.served_rejected),
+            served_busy: g(&self.served_busy),
             served_errors: g(&self.served_errors),
             forwarded: g(&self.forwarded),
         }

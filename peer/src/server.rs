@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
@@ -101,46 +102,62 @@ async fn chunk(
     };
     // A short wait for a slot (queued requests hold no chunk bytes), then 503.
     let slot = tokio::time::timeout(SLOT_WAIT, state.slots.clone().acquire_owned()).await;
-    let Ok(Ok(_slot)) = slot else {
-        PeerMetrics::inc(&metrics.served_rejected);
+    let Ok(Ok(slot)) = slot else {
+        PeerMetrics::inc(&metrics.served_busy);
         return (StatusCode::SERVICE_UNAVAILABLE, "too many peer requests\n").into_response();
     };
     let last_hop = headers.get(HOP_HEADER).is_some();
     let role = state.ring.borrow().role(&state.me, &chunk.digest);
-    let served = async {
-        if !last_hop && matches!(role, Role::Secondary { .. }) {
-            PeerMetrics::inc(&metrics.forwarded);
-            // Through this node's own read path: memory, disk, the primary, the origin.
-            state.cache.get(&state.store, &chunk).await
-        } else {
-            state.cache.serve_peer(&state.store, &chunk).await
+    // The headers go out at once and the body when the chunk is here: the asker then knows
+    // this node is alive and working on it, and waits for the body (its body bound) instead
+    // of taking a slow origin fetch here for a dead peer and fetching the chunk itself too.
+    // A fetch that fails or overruns `serve_timeout` resets the stream: never a short body.
+    let body = futures::stream::once(async move {
+        let _slot = slot;
+        let metrics = &state.metrics;
+        let served = async {
+            if !last_hop && matches!(role, Role::Secondary { .. }) {
+                PeerMetrics::inc(&metrics.forwarded);
+                // Through this node's own read path: memory, disk, the primary, the origin.
+                state.cache.get(&state.store, &chunk).await
+            } else {
+                state.cache.serve_peer(&state.store, &chunk).await
+            }
+        };
+        match tokio::time::timeout(state.serve_timeout, served).await {
+            Ok(Ok(data)) if data.len() as u64 == u64::from(chunk.len) => {
+                PeerMetrics::inc(&metrics.served_requests);
+                PeerMetrics::add(&metrics.served_bytes, data.len() as u64);
+                Ok(data)
+            }
+            Ok(Ok(data)) => {
+                PeerMetrics::inc(&metrics.served_errors);
+                Err(std::io::Error::other(format!(
+                    "{} bytes here for a {}-byte chunk",
+                    data.len(),
+                    chunk.len
+                )))
+            }
+            Ok(Err(e)) => {
+                PeerMetrics::inc(&metrics.served_errors);
+                tracing::warn!(digest = %chunk.digest, error = %e, "cannot serve a chunk to a peer");
+                Err(std::io::Error::other("the chunk is not available here"))
+            }
+            Err(_) => {
+                PeerMetrics::inc(&metrics.served_errors);
+                Err(std::io::Error::other("the chunk took too long here"))
+            }
         }
-    };
-    match tokio::time::timeout(state.serve_timeout, served).await {
-        Ok(Ok(data)) => {
-            PeerMetrics::inc(&metrics.served_requests);
-            PeerMetrics::add(&metrics.served_bytes, data.len() as u64);
-            (
-                StatusCode::OK,
-                [(header::CONTENT_TYPE, "application/octet-stream")],
-                data,
-            )
-                .into_response()
-        }
-        Ok(Err(e)) => {
-            PeerMetrics::inc(&metrics.served_errors);
-            tracing::warn!(digest = %chunk.digest, error = %e, "cannot serve a chunk to a peer");
-            (StatusCode::BAD_GATEWAY, "the chunk is not available here\n").into_response()
-        }
-        Err(_) => {
-            PeerMetrics::inc(&metrics.served_errors);
-            (
-                StatusCode::GATEWAY_TIMEOUT,
-                "the chunk took too long here\n",
-            )
-                .into_response()
-        }
-    }
+    });
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
+            (header::CONTENT_LENGTH, chunk.len.to_string()),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response()
 }
 
 /// The chunk a request names, if its digest and length are well-formed and bounded.

@@ -123,39 +123,48 @@ fn a_peer_serving_wrong_bytes_is_caught_and_the_chunk_refetched() {
 
 #[test]
 fn the_membership_changes_while_the_nodes_read() {
-    let Some(fleet) = Fleet::start(1, 32) else {
+    // Six files of 8 MiB (about 8 chunks each): the first three are read with the first
+    // membership, the last three with the second.
+    let Some(fleet) = Fleet::start(6, 8) else {
         return;
     };
     let (ports, addrs) = ports(4);
     let list = fleet.work.path().join("peers");
-    std::fs::write(&list, addrs[..3].join("\n")).unwrap();
+    let write_list = |members: &[String]| {
+        // Renamed into place, so a node never reads a half-written list.
+        let tmp = list.with_extension("new");
+        std::fs::write(&tmp, members.join("\n")).unwrap();
+        std::fs::rename(&tmp, &list).unwrap();
+    };
+    write_list(&addrs[..3]);
     let peers = [format!("--peers-file={}", list.display())];
     let extra = ["--readahead=4Mi"];
     let nodes: Vec<_> = (0..4)
         .map(|i| fleet.node(i, ports[i], &peers, &extra))
         .collect();
     let files = Arc::new(fleet.files.clone());
-    // Nodes 0 and 1 read; node 2 leaves the list and node 3 joins it midway. The readers
-    // stop at a fifth of the bytes while the list changes and the nodes re-read it (every
-    // second), so the rest is read with the new membership however fast this machine is.
-    let total = fleet.version_bytes() * 2;
-    let gate = Gate::at(total / 5);
-    let (progress, readers) = read_at_once_gated(
+    // Nodes 0 and 1 read; node 2 leaves the list and node 3 joins it midway. The readers stop
+    // before opening the fourth file until both readers' nodes have taken the new list, so
+    // the files after it are fetched with the new membership only.
+    let gate = Gate::before_file(3);
+    let (_, readers) = read_at_once_gated(
         nodes[..2].iter().map(|n| n.mnt.clone()).collect(),
         &files,
-        Duration::from_millis(60),
+        Duration::ZERO,
         gate.clone(),
     );
     let started = Instant::now();
-    while progress.load(Ordering::Relaxed) < total / 5 {
+    while gate.waiting() < 2 {
         assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "reads did not start"
+            started.elapsed() < Duration::from_secs(120),
+            "the readers did not reach the gate"
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    std::fs::write(&list, [&addrs[..2], &addrs[3..]].concat().join("\n")).unwrap();
-    std::thread::sleep(Duration::from_millis(2500));
+    write_list(&[&addrs[..2], &addrs[3..]].concat());
+    for node in &nodes[..2] {
+        node.wait_members(3, Duration::from_secs(30));
+    }
     gate.open();
     for r in readers {
         assert_eq!(r.join().unwrap(), Vec::<String>::new(), "wrong bytes read");

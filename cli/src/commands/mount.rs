@@ -86,7 +86,9 @@ pub struct PeerArgs {
     /// File with the fleet's shared peer token (at least 16 characters)
     #[arg(long, env = "SEALED_PEER_TOKEN_FILE")]
     pub peer_token_file: Option<PathBuf>,
-    /// Milliseconds to wait for a peer before reading a chunk from the store
+    /// Milliseconds for a peer to start answering (its headers come at once, before it has
+    /// the chunk) before reading the chunk from the store and not asking it for 5 s; once it
+    /// answered it has 10 s (or this bound, if longer) to send the chunk
     #[arg(long, default_value_t = 3000)]
     pub peer_timeout_ms: u64,
     /// Most nodes one owner serves a chunk to; the owners per chunk widen beyond that
@@ -254,6 +256,7 @@ async fn start_peer_tier(
     membership::check_addr(&advertise).context("--peer-advertise")?;
     let mut options = PeerOptions::new(args.peer_listen, advertise, token);
     options.request_timeout = Duration::from_millis(args.peer_timeout_ms.clamp(1, 600_000));
+    options.body_timeout = options.body_timeout.max(options.request_timeout);
     options.fanout = args.peer_fanout.max(1);
     let members = match &args.peers_file {
         Some(path) => membership::from_file(path.clone(), options.fanout, Duration::from_secs(1))?,

@@ -174,6 +174,26 @@ impl Node {
         std::fs::read_to_string(self.dir.join("log")).unwrap_or_default()
     }
 
+    /// Waits (at most `within`) until the node's last membership change left it with
+    /// `members` peers, as its log says (`sealed_peer` logs each change at info).
+    pub fn wait_members(&self, members: usize, within: Duration) {
+        let want = format!("members={members}");
+        let started = Instant::now();
+        loop {
+            let log = self.log();
+            let last = log.lines().rfind(|l| l.contains("peer membership changed"));
+            if last.is_some_and(|l| l.contains(&want)) {
+                return;
+            }
+            assert!(
+                started.elapsed() < within,
+                "node on port {} did not see {members} peers in {within:?}: {log}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// SIGTERM: unmounts and prints the mount's and the peer tier's counters.
     pub fn stop(mut self) -> serde_json::Value {
         // SAFETY: kill has no memory preconditions; the pid is our child's.
@@ -225,39 +245,54 @@ pub fn is_mounted(dir: &Path) -> bool {
         .any(|l| l.split_whitespace().nth(1) == Some(dir.to_str().unwrap_or("")))
 }
 
-/// Reads every file of the version through `mnt` in 1 MiB reads, adding to `progress`,
-/// sleeping `pause` after each read; returns the files whose bytes differ.
-/// Where readers stop until the test lets them go on: once `progress` reaches `at`, reads
-/// wait for [`Gate::open`] (a test changes the fleet meanwhile, whatever the machine's speed).
+/// Where readers stop until the test lets them go on: before opening file number `at` of the
+/// version, each reader waits for [`Gate::open`]. A file boundary, not a byte count: no
+/// readahead reaches into a file nobody has opened, so every byte after the gate is fetched
+/// with whatever the test changed meanwhile, however fast this machine is.
 pub struct Gate {
-    at: u64,
+    at: usize,
     open: std::sync::atomic::AtomicBool,
+    waiting: AtomicU64,
 }
 
 impl Gate {
-    pub fn at(at: u64) -> Arc<Gate> {
+    pub fn before_file(at: usize) -> Arc<Gate> {
         Arc::new(Gate {
             at,
             open: std::sync::atomic::AtomicBool::new(false),
+            waiting: AtomicU64::new(0),
         })
     }
 
     /// A gate readers never stop at.
     pub fn none() -> Arc<Gate> {
-        Gate::at(u64::MAX)
+        Gate::before_file(usize::MAX)
     }
 
     pub fn open(&self) {
         self.open.store(true, Ordering::Relaxed);
     }
 
-    fn pass(&self, progress: u64) {
-        while progress >= self.at && !self.open.load(Ordering::Relaxed) {
+    /// Readers stopped at the gate now.
+    pub fn waiting(&self) -> u64 {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    fn pass(&self, file: usize) {
+        if file < self.at || self.open.load(Ordering::Relaxed) {
+            return;
+        }
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        while !self.open.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(10));
         }
+        self.waiting.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
+/// Reads every file of the version through `mnt` in 1 MiB reads, adding to `progress`,
+/// sleeping `pause` after each read and stopping at `gate`; returns the files whose bytes
+/// differ.
 pub fn read_all(
     mnt: &Path,
     files: &[(String, Vec<u8>)],
@@ -267,7 +302,8 @@ pub fn read_all(
 ) -> Vec<String> {
     let mut wrong = Vec::new();
     let mut buf = vec![0u8; 1 << 20];
-    for (name, want) in files {
+    for (i, (name, want)) in files.iter().enumerate() {
+        gate.pass(i);
         let mut f =
             std::fs::File::open(mnt.join(name)).unwrap_or_else(|e| panic!("open {name}: {e}"));
         let mut got = Vec::with_capacity(want.len());
@@ -279,8 +315,7 @@ pub fn read_all(
                 break;
             }
             got.extend_from_slice(&buf[..n]);
-            let done = progress.fetch_add(n as u64, Ordering::Relaxed) + n as u64;
-            gate.pass(done);
+            progress.fetch_add(n as u64, Ordering::Relaxed);
             if !pause.is_zero() {
                 std::thread::sleep(pause);
             }
