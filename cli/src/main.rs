@@ -88,12 +88,18 @@ fn parse_cli() -> Cli {
 }
 
 fn main() -> std::process::ExitCode {
-    // `sealed ls | head` should end quietly, as coreutils do, not panic in println!.
-    // SAFETY: called first, before any thread exists; SIG_DFL is a valid disposition.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
     let cli = parse_cli();
+    // `sealed ls | head` should end quietly, as coreutils do, not panic in println!. A mount
+    // is a server instead: a peer that hangs up mid-answer must be an EPIPE on that socket
+    // (hyper writes with writev, which has no MSG_NOSIGNAL), not the death of every mount it
+    // serves, so it keeps Rust's default of ignoring SIGPIPE.
+    if !matches!(cli.command, Command::Mount(_)) {
+        // SAFETY: no thread exists yet (the runtime starts below); SIG_DFL is a valid
+        // disposition.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     context::init_logging(cli.global.verbose);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
