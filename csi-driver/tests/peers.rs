@@ -6,14 +6,10 @@
 
 mod common;
 
-use std::net::SocketAddr;
-use std::path::Path;
-use std::sync::Arc;
-
 use common::{Plugin, can_mount};
 use sealed_csi::proto::csi::node_client::NodeClient;
-use sealed_store::push::{PushOptions, push};
-use sealed_store::{ChunkStore, NoProgress, StoreOptions};
+use std::net::SocketAddr;
+use std::path::Path;
 
 const TOKEN: &str = "csi-peer-test-token-0123456789abcdef";
 
@@ -67,24 +63,11 @@ async fn plugins_read_a_version_once_from_the_origin_and_survive_a_dead_peer() {
     std::fs::write(source.join("config.json"), br#"{"model": "peers"}"#).unwrap();
     let weights = sealed_test_support::trees::pseudo_random(24 << 20, 41);
     std::fs::write(source.join("model.safetensors"), &weights).unwrap();
-    let store_dir = work.path().join("store");
-    std::fs::create_dir_all(&store_dir).unwrap();
-    let url = format!("file://{}", store_dir.display());
-    let store = ChunkStore::open(&url, &StoreOptions::default())
-        .await
-        .unwrap();
-    let report = push(
-        &store,
-        &source,
-        &PushOptions::default(),
-        Arc::new(NoProgress),
-    )
-    .await
-    .unwrap();
-    let version_bytes = report.bytes as f64;
-    let digest = report.digest.to_string();
+    let store = common::store_of(work, source.clone()).await;
+    let (url, version_bytes) = (store.url.clone(), store.bytes as f64);
+    let digest = store.digest.to_string();
 
-    let token = work.path().join("token");
+    let token = store.dir.path().join("token");
     std::fs::write(&token, TOKEN).unwrap();
     let peers: Vec<SocketAddr> = (0..3).map(|_| free_addr()).collect();
     let list = peers

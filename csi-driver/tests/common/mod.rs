@@ -28,6 +28,8 @@ pub struct TestStore {
     pub dir: TempDir,
     pub url: String,
     pub digest: Digest,
+    /// The version's file bytes.
+    pub bytes: u64,
     /// The pushed tree, to compare mounted bytes against.
     pub source: PathBuf,
 }
@@ -47,6 +49,11 @@ pub async fn store_with_version(name: &str) -> TestStore {
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
         .collect();
     std::fs::write(source.join("sub/weights.bin"), &weights).unwrap();
+    store_of(dir, source).await
+}
+
+/// A file:// store in `dir` with the tree at `source` pushed into it.
+pub async fn store_of(dir: TempDir, source: PathBuf) -> TestStore {
     let store_dir = dir.path().join("store");
     std::fs::create_dir_all(&store_dir).unwrap();
     let url = format!("file://{}", store_dir.display());
@@ -65,6 +72,7 @@ pub async fn store_with_version(name: &str) -> TestStore {
         dir,
         url,
         digest: report.digest,
+        bytes: report.bytes,
         source,
     }
 }
