@@ -51,8 +51,7 @@ pub async fn start(
     let token = PeerToken::from_file(&config.token_file)?;
     membership::check_addr(&config.advertise).context("--peer-advertise")?;
     let mut options = PeerOptions::new(config.listen, config.advertise.clone(), token);
-    options.request_timeout = config.request_timeout;
-    options.body_timeout = options.body_timeout.max(options.request_timeout);
+    options.set_request_timeout(config.request_timeout);
     options.fanout = config.fanout.max(1);
     let members: Membership = match &config.members {
         PeerMembers::Fixed(addrs) => membership::fixed(addrs.clone(), options.fanout),

@@ -45,6 +45,18 @@ struct Node {
 }
 
 impl Node {
+    /// Publishes `digest` into a pod target on this node and reads it all, compared with
+    /// `source`; returns the bytes read.
+    async fn publish_and_read(&self, digest: &str, source: &Path) -> u64 {
+        let mut client = NodeClient::new(self.plugin.channel().await);
+        let target = self.plugin.pods().join("uid/target");
+        client
+            .node_publish_volume(common::publish_digest("v", &target, digest))
+            .await
+            .unwrap();
+        read_and_compare(&target, source)
+    }
+
     fn get(&self, key: &str) -> f64 {
         let (_, page) = common::http_get(self.metrics, "/metrics");
         common::sample(&page, key).unwrap_or_else(|| panic!("no {key} in\n{page}"))
@@ -102,13 +114,7 @@ async fn plugins_read_a_version_once_from_the_origin_and_survive_a_dead_peer() {
 
     // Node 0 reads the whole version: it fetches the chunks it owns from the origin and asks
     // the others for theirs, which fetch them from the origin once and keep them.
-    let mut client = NodeClient::new(nodes[0].plugin.channel().await);
-    let target = nodes[0].plugin.pods().join("uid-0/target");
-    client
-        .node_publish_volume(common::publish_digest("v", &target, &digest))
-        .await
-        .unwrap();
-    let read = read_and_compare(&target, &source);
+    let read = nodes[0].publish_and_read(&digest, &source).await;
     assert!(read as f64 >= version_bytes);
     let origin: f64 = nodes
         .iter()
@@ -143,13 +149,7 @@ async fn plugins_read_a_version_once_from_the_origin_and_survive_a_dead_peer() {
     let dead = nodes.pop().unwrap();
     let _ = dead.plugin.crash();
     let hits_before = nodes[1].get("sealed_peer_hits_total");
-    let mut client = NodeClient::new(nodes[1].plugin.channel().await);
-    let target = nodes[1].plugin.pods().join("uid-1/target");
-    client
-        .node_publish_volume(common::publish_digest("v", &target, &digest))
-        .await
-        .unwrap();
-    read_and_compare(&target, &source);
+    nodes[1].publish_and_read(&digest, &source).await;
     let node = &nodes[1];
     assert_eq!(
         node.get("sealed_read_errors_total"),

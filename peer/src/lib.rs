@@ -74,6 +74,13 @@ pub struct PeerOptions {
 }
 
 impl PeerOptions {
+    /// Sets the bound on an owner's headers (`--peer-timeout-ms`); the body bound is never
+    /// shorter than it.
+    pub fn set_request_timeout(&mut self, bound: Duration) {
+        self.request_timeout = bound;
+        self.body_timeout = self.body_timeout.max(bound);
+    }
+
     /// The defaults for a node listening on `listen`, known to the others as `advertise`.
     pub fn new(listen: SocketAddr, advertise: String, token: PeerToken) -> PeerOptions {
         PeerOptions {

@@ -255,8 +255,9 @@ async fn start_peer_tier(
         .unwrap_or_else(|| args.peer_listen.to_string());
     membership::check_addr(&advertise).context("--peer-advertise")?;
     let mut options = PeerOptions::new(args.peer_listen, advertise, token);
-    options.request_timeout = Duration::from_millis(args.peer_timeout_ms.clamp(1, 600_000));
-    options.body_timeout = options.body_timeout.max(options.request_timeout);
+    options.set_request_timeout(Duration::from_millis(
+        args.peer_timeout_ms.clamp(1, 600_000),
+    ));
     options.fanout = args.peer_fanout.max(1);
     let members = match &args.peers_file {
         Some(path) => membership::from_file(path.clone(), options.fanout, Duration::from_secs(1))?,
