@@ -12,7 +12,10 @@
 # Binaries come from hack/build-k8s.sh (cached); images from hack/images.sh.
 #
 # Env: SEALED_CLUSTER_DIR (state, default /var/lib/sealed-cluster), SEALED_KUBELET_DIR
-# (default /var/lib/kubelet, where CSI drivers expect it), SEALED_NODE_NAME (sealed-node).
+# (default /var/lib/kubelet, where CSI drivers expect it), SEALED_NODE_NAME (sealed-node),
+# SEALED_REGISTRY (127.0.0.1:15000: the loopback registry containerd pulls from over plain
+# http, with the pod's imagePullSecret; e2e/tests/journey.rs serves it with crane behind
+# hack/registry-auth.py).
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
@@ -25,6 +28,7 @@ RUN="$DIR/run"
 LOGS="$DIR/logs"
 KUBECONFIG_ADMIN="$DIR/admin.kubeconfig"
 CONTAINERD_SOCK="$RUN/containerd.sock"
+REGISTRY="${SEALED_REGISTRY:-127.0.0.1:15000}"
 
 # One bridge, one /24 for pods. The node's address lives on that bridge, so the
 # kubelet, the API server's advertised endpoint and the pods never leave this machine.
@@ -260,8 +264,22 @@ unblock_pod_egress() {
   while iptables -w -C "${EGRESS_RULE[@]}" 2>/dev/null; do iptables -w -D "${EGRESS_RULE[@]}"; done
 }
 
+# containerd's hosts directory (config_path): the test registry is plain http on loopback.
+# containerd reads it at every pull, so the registry may start after the cluster.
+write_registry_hosts() {
+  local d="$DIR/containerd/certs.d/$REGISTRY"
+  mkdir -p "$d"
+  cat >"$d/hosts.toml" <<EOF
+server = "http://$REGISTRY"
+
+[host."http://$REGISTRY"]
+  capabilities = ["pull", "resolve"]
+EOF
+}
+
 start_containerd() {
   mkdir -p "$DIR/containerd"
+  write_registry_hosts
   cat >"$DIR/containerd/config.toml" <<EOF
 version = 2
 root = "$DIR/containerd/root"
@@ -288,6 +306,9 @@ state = "$DIR/containerd/state"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "$DIR/cni/net.d"
+  # Registry hosts (hosts.toml per host); credentials come from the pod's imagePullSecrets.
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$DIR/containerd/certs.d"
 EOF
   start containerd /usr/bin/containerd --config "$DIR/containerd/config.toml"
   wait_for containerd 60 ctr --address "$CONTAINERD_SOCK" version || die "containerd did not start; see $LOGS/containerd.log"
