@@ -11,7 +11,9 @@
 #   hack/images.sh sealed [operator] [csi]           sealed.local/sealed-operator:dev and
 #                       sealed.local/sealed-csi:dev (with sealed-fd-holder; default both) from the
 #                       cargo-built binaries,
-#                       with their glibc and the host's CA certificates; imported if the cluster runs.
+#                       with their glibc, the host's CA certificates and the CycloneDX SBOM of
+#                       each binary (hack/sbom.sh) at /usr/share/sbom/<package>.cdx.json;
+#                       imported if the cluster runs.
 #                       Env: SEALED_IMAGE_TAG (dev), SEALED_IMAGE_REPOSITORY (sealed.local),
 #                       SEALED_PROFILE (debug; release for release images), SEALED_GIT_COMMIT and
 #                       SEALED_SOURCE_URL (OCI labels), SEALED_OPERATOR_BIN, SEALED_CSI_BIN (default
@@ -169,12 +171,19 @@ add_shared_libs() {
 # The sealed-operator and sealed-csi images from cargo-built binaries. Neither shells out to
 # mount tools: sealed-csi mounts FUSE with mount(2) as root (fuser's pure-Rust mount) and
 # bind-mounts/unmounts with mount(2)/umount2(2), so the images hold the binary, its glibc
-# and the CA bundle (object_store's TLS uses the system roots) only.
+# and the CA bundle (object_store's TLS uses the system roots) only, plus the SBOM of every
+# binary in it (hack/sbom.sh: CycloneDX JSON) at $SBOM_DIR/<package>.cdx.json.
+SBOM_DIR=/usr/share/sbom
 cmd_sealed() {
   local tag=${SEALED_IMAGE_TAG:-dev} target=${CARGO_TARGET_DIR:-$HACK_DIR/../target}
   local components=("$@") c bin var ca=/etc/ssl/certs/ca-certificates.crt
   ((${#components[@]} > 0)) || components=(operator csi)
   [[ -f $ca ]] || apt_ensure ca-certificates
+  command -v jq >/dev/null || apt_ensure jq
+  local sboms
+  sboms=$(mktemp -d)
+  # shellcheck disable=SC2064 # expand now: sboms is local
+  trap "rm -rf '$sboms'" RETURN
   for c in "${components[@]}"; do
     case $c in
       operator) var=SEALED_OPERATOR_BIN ;;
@@ -189,9 +198,17 @@ cmd_sealed() {
       local holder=${SEALED_FD_HOLDER_BIN:-$(dirname "$bin")/sealed-fd-holder}
       [[ -f $holder ]] || die "no $holder: run 'cargo build -p sealed-fd-holder' first (or set SEALED_FD_HOLDER_BIN)"
       extra+=("$holder:/sealed-fd-holder")
+      sbom sealed-fd-holder "$sboms" && extra+=("$sboms/sealed-fd-holder.cdx.json:$SBOM_DIR/sealed-fd-holder.cdx.json")
     fi
+    sbom "sealed-$c" "$sboms" && extra+=("$sboms/sealed-$c.cdx.json:$SBOM_DIR/sealed-$c.cdx.json")
     cmd_binary "${SEALED_IMAGE_REPOSITORY:-sealed.local}/sealed-$c:$tag" "$bin" "$ca:$ca" "${extra[@]}"
   done
+}
+
+# sbom PACKAGE DIR: DIR/PACKAGE.cdx.json from hack/sbom.sh.
+sbom() {
+  "$HACK_DIR/sbom.sh" "$1" >"$2/$1.cdx.json" || die "hack/sbom.sh $1 failed"
+  log "SBOM of $1: $(jq '.components | length' "$2/$1.cdx.json") components"
 }
 
 cmd_rootfs() {
