@@ -119,6 +119,22 @@ impl Ring {
         scored.into_iter().take(k).map(|(_, m)| m).collect()
     }
 
+    /// The `n` members that score highest for `key` (all of them when `n` ≥ members), best
+    /// first: the chunk owners' rendezvous hashing with a version digest as the key, so every
+    /// node that sees the same members picks the same ones, and a member leaving changes the
+    /// pick only if it was picked.
+    pub fn top(&self, key: &Digest, n: usize) -> Vec<&Member> {
+        let mut scored: Vec<(u64, &Member)> =
+            self.members.iter().map(|m| (m.score(key), m)).collect();
+        scored.sort_unstable_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.addr.cmp(&b.1.addr)));
+        scored.into_iter().take(n).map(|(_, m)| m).collect()
+    }
+
+    /// Whether `addr` is among the [`Ring::top`] `n` for `key`.
+    pub fn picks(&self, key: &Digest, n: usize, addr: &str) -> bool {
+        self.top(key, n).iter().any(|m| m.addr == addr)
+    }
+
     /// What the node `me` does for `chunk`. `me` need not be a member (a node that has not
     /// shown up in the membership yet asks like any requester).
     pub fn role(&self, me: &Member, chunk: &Digest) -> Role {
@@ -256,5 +272,42 @@ mod tests {
         let alone = Ring::new(["10.0.0.1:1"], 4);
         assert_eq!(alone.role(&Member::new("10.0.0.1:1"), &chunk), Role::Alone);
         assert_eq!(Ring::default().role(&owners[0], &chunk), Role::Alone);
+    }
+    #[test]
+    fn top_n_is_stable_and_covers_small_fleets() {
+        let ring = Ring::new(addrs(10), 64);
+        let mut counts = std::collections::HashMap::new();
+        for key in digests(2000) {
+            let top = ring.top(&key, 3);
+            assert_eq!(top.len(), 3);
+            // The best is the chunk's primary owner: the same hashing.
+            assert_eq!(top[0], ring.owners(&key)[0]);
+            for m in &top {
+                *counts.entry(m.addr.clone()).or_insert(0u32) += 1;
+                assert!(ring.picks(&key, 3, &m.addr));
+            }
+            // A member that was not picked leaving changes nothing.
+            let out = ring
+                .members()
+                .iter()
+                .find(|m| !top.contains(m))
+                .map(|m| m.addr.clone())
+                .unwrap();
+            let smaller = Ring::new(addrs(10).into_iter().filter(|a| *a != out), 64);
+            assert_eq!(smaller.top(&key, 3), top, "the pick moved when {out} left");
+        }
+        // Versions spread over the fleet (2000 × 3 / 10 = 600 each).
+        assert_eq!(counts.len(), 10);
+        for (addr, n) in counts {
+            assert!((450..750).contains(&n), "{addr} picked {n} times");
+        }
+        let key = Digest::of(b"version");
+        assert_eq!(ring.top(&key, 10).len(), 10);
+        assert_eq!(ring.top(&key, 1000).len(), 10);
+        assert!(ring.top(&key, 0).is_empty());
+        let alone = Ring::new(["10.0.0.1:1"], 64);
+        assert!(alone.picks(&key, 1, "10.0.0.1:1"));
+        assert!(!alone.picks(&key, 0, "10.0.0.1:1"));
+        assert!(!alone.picks(&key, 5, "10.0.0.2:1"));
     }
 }
