@@ -6,6 +6,8 @@
 #   same bytes beside them, (c) after ~10% of the file is overwritten in scattered 8 MiB
 #   regions (bytes uploaded and time).
 # Usage: hack/bench-push.sh [SIZE_MIB]   (default 2048); results in docs/benchmarks/push.csv
+# BENCH_FILES=N splits the bytes into N shards (a checkpoint's tree; default 1 file);
+# BENCH_OUT=path writes the CSV elsewhere.
 # Needs: b3sum (cargo install b3sum); restic and casync (Debian) are measured when installed
 # and not named in BENCH_SKIP.
 # Each timing is the median of 3. SEALED_BIN=path skips the build.
@@ -15,7 +17,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source hack/lib/common.sh
 size_mib=${1:-2048}
 work=${BENCH_DIR:-/var/tmp/sealed-bench-push}
-out=docs/benchmarks/push.csv
+out=${BENCH_OUT:-docs/benchmarks/push.csv}
+shards=${BENCH_FILES:-1}
+if ! [[ $shards =~ ^[1-9][0-9]*$ ]] || ((size_mib % shards != 0)); then
+  die "BENCH_FILES=$shards must be a positive divisor of SIZE_MIB=$size_mib"
+fi
 export PATH="$SEALED_CACHE/tools/bin:$PATH"
 for t in b3sum python3 bc; do command -v "$t" >/dev/null || die "$t is not installed"; done
 # A peer is measured when installed and not named in BENCH_SKIP ("restic casync").
@@ -28,10 +34,13 @@ have() {
 sealed=${SEALED_BIN:-${CARGO_TARGET_DIR:-$PWD/target}/release/sealed}
 
 rm -rf "$work" && mkdir -p "$work/src"
-file=$work/src/model.safetensors
-log "writing a ${size_mib} MiB random file"
-head -c "$((size_mib << 20))" /dev/urandom >"$file"
-cat "$file" >/dev/null # page cache: every tool reads from memory
+files=()
+for ((i = 1; i <= shards; i++)); do
+  files+=("$(printf '%s/src/model-%05d-of-%05d.safetensors' "$work" "$i" "$shards")")
+done
+log "writing ${size_mib} MiB of random data in $shards file(s)"
+for f in "${files[@]}"; do head -c "$(((size_mib / shards) << 20))" /dev/urandom >"$f"; done
+cat "${files[@]}" >/dev/null # page cache: every tool reads from memory
 bytes=$((size_mib << 20))
 export RESTIC_PASSWORD=bench RESTIC_CACHE_DIR=$work/restic-cache
 # The stat cache of `sealed push` (~/.cache/sealed/stat) goes with the run.
@@ -39,14 +48,14 @@ export XDG_CACHE_HOME=$work/cache
 
 # Median wall time (seconds) of 3 runs of "$@", with $setup run before each.
 median() {
-  local t=() i s
+  local times=() i s
   for i in 1 2 3; do
     eval "$setup"
     s=$(date +%s.%N)
     "$@" >/dev/null 2>&1
-    t+=("$(echo "$(date +%s.%N) - $s" | bc -l)")
+    times+=("$(echo "$(date +%s.%N) - $s" | bc -l)")
   done
-  printf '%s\n' "${t[@]}" | sort -n | sed -n 2p
+  printf '%s\n' "${times[@]}" | sort -n | sed -n 2p
 }
 
 echo "scenario,tool,seconds,gb_per_s,bytes_added" >"$out"
@@ -59,10 +68,11 @@ du_b() { du -sb "$1" | cut -f1; }
 
 log "(a) into an empty store"
 setup=':'
-row hash b3sum "$(median b3sum "$file")" 0
-setup="rm -f $work/copy"
-row initial cp "$(median cp "$file" "$work/copy")" "$bytes"
-row initial cp+sync "$(median sh -c "cp '$file' '$work/copy' && sync")" "$bytes"
+row hash b3sum "$(median b3sum "${files[@]}")" 0
+setup="rm -rf $work/copy"
+row initial cp "$(median cp -r "$work/src" "$work/copy")" "$bytes"
+row initial cp+sync "$(median sh -c "cp -r '$work/src' '$work/copy' && sync")" "$bytes"
+rm -rf "$work/copy" # the disk space goes to the stores below
 setup="rm -rf $work/store $work/cache && mkdir $work/store"
 row initial "sealed push" "$(median "$sealed" --no-progress --store "file://$work/store" push "$work/src")" "$bytes"
 if have restic; then
@@ -79,7 +89,7 @@ setup=':'
 # The file is older than the stat cache's racy window (2 s) by now: the cache vouches for it.
 row repush "sealed push" "$(median "$sealed" --no-progress --store "file://$work/store" push "$work/src")" 0
 row repush "sealed push --rehash" "$(median "$sealed" --no-progress --store "file://$work/store" push --rehash "$work/src")" 0
-row repush b3sum "$(median b3sum "$file")" 0
+row repush b3sum "$(median b3sum "${files[@]}")" 0
 if have restic; then
   row repush "restic backup" "$(median restic -q -r "$work/restic" backup "$work/src")" 0
   row repush "restic backup --force" "$(median restic -q -r "$work/restic" backup --force "$work/src")" 0
@@ -89,21 +99,23 @@ if have casync; then
 fi
 
 log "(c) ~10% overwritten in scattered 8 MiB regions"
-changed=$(python3 - "$file" <<'PY'
+changed=$(python3 - "${files[@]}" <<'PY'
 import os, sys
-path = sys.argv[1]
-size = os.path.getsize(path)
 region = 8 << 20
-n = max(1, size // region // 10)
-step = size // n
-with open(path, "r+b") as f:
-    for i in range(n):
-        f.seek(i * step + 3 * region // 2 + 12345)
-        f.write(os.urandom(region))
-print(n * region)
+changed = 0
+for path in sys.argv[1:]:
+    size = os.path.getsize(path)
+    n = max(1, size // region // 10)
+    step = size // n
+    with open(path, "r+b") as f:
+        for i in range(n):
+            f.seek(min(i * step + 3 * region // 2 + 12345, size - region))
+            f.write(os.urandom(region))
+    changed += n * region
+print(changed)
 PY
 )
-cat "$file" >/dev/null
+cat "${files[@]}" >/dev/null
 before=$(du_b "$work/store")
 s=$(date +%s.%N)
 json=$("$sealed" --no-progress --store "file://$work/store" push "$work/src" -o json)
