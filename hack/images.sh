@@ -15,6 +15,7 @@
 #                       each binary (hack/sbom.sh) at /usr/share/sbom/<package>.cdx.json;
 #                       imported if the cluster runs.
 #                       Env: SEALED_IMAGE_TAG (dev), SEALED_IMAGE_REPOSITORY (sealed.local),
+#                       SEALED_IMAGES_IMPORT (1; 0: build the archives, import nothing),
 #                       SEALED_PROFILE (debug; release for release images), SEALED_GIT_COMMIT and
 #                       SEALED_SOURCE_URL (OCI labels), SEALED_OPERATOR_BIN, SEALED_CSI_BIN (default
 #                       $CARGO_TARGET_DIR/<profile>/<name>, else target/<profile>/<name>). Build them first:
@@ -77,6 +78,9 @@ build_image() {
   mv "$out.part" "$out"
   log "built $ref -> $out"
 }
+
+# SEALED_IMAGES_IMPORT=0: build only (the journey pushes to a registry and the cluster pulls).
+want_import() { [[ ${SEALED_IMAGES_IMPORT:-1} == 1 ]] && cluster_running; }
 
 cluster_running() { [[ -S $CONTAINERD_SOCK ]] && ctr --address "$CONTAINERD_SOCK" version >/dev/null 2>&1; }
 
@@ -149,7 +153,7 @@ cmd_binary() {
   out=$(archive_path "$ref")
   build_image "$ref" "$root" "$out" "/$(basename "$bin")"
   rm -rf "$root"
-  cluster_running && import "$out"
+  want_import && import "$out"
   echo "$out"
 }
 
@@ -218,7 +222,7 @@ cmd_rootfs() {
   [[ -d $dir ]] || die "no such directory: $dir"
   out=$(archive_path "$ref")
   build_image "$ref" "$dir" "$out" "$@"
-  cluster_running && import "$out"
+  want_import && import "$out"
   echo "$out"
 }
 

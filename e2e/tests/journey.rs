@@ -3,14 +3,22 @@
 //! (moto) the pods reach on the node's IP. One test, in order; every step says on stderr
 //! what it did and what it checked:
 //!
-//! 1. images built and imported (`hack/images.sh sealed`, plus the `tree-b3` reader), the
-//!    current CRDs applied server-side (helm never upgrades CRDs), the chart installed into
-//!    a fresh namespace (store: a moto bucket, sync Jobs), operator Deployment and node
-//!    DaemonSet ready, the driver registered with kubelet;
+//! 1. images built (`hack/images.sh sealed`, plus the `tree-b3` reader) and pushed with crane
+//!    to a private registry on loopback (`crane registry serve` behind the Basic-auth proxy
+//!    `hack/registry-auth.py` on 127.0.0.1:15000, which `hack/cluster.sh` gives containerd a
+//!    plain-http hosts.toml for), the current CRDs applied server-side (helm never upgrades
+//!    CRDs), the chart installed into a fresh namespace with `helm install` and documented
+//!    values only (each component's `image.repository` + `image.digest`, `imagePullSecrets`
+//!    with the registry's credentials, the sync Jobs' service account; store: a moto
+//!    bucket), operator Deployment and node DaemonSet ready, the driver registered with
+//!    kubelet; every container's `imageID` is `127.0.0.1:15000/<image>@<pushed digest>` and
+//!    the proxy logged authenticated manifest pulls of both images; a pod of the same image
+//!    without the secret gets ErrImagePull/ImagePullBackOff and the proxy's 401;
 //! 2. a small model tree in a second bucket, a SealedVolume with an `objectStore` source: the
 //!    operator runs a sync Job and a Ready SealedVolumeVersion appears whose digest equals
 //!    `sealed_store::push` of the same local tree into a scratch memory store, and the Job's
-//!    pod ran under the chart's sync ServiceAccount with its pull secret and no API token;
+//!    pod Succeeded under the chart's sync ServiceAccount with its pull secret (its image
+//!    pulled from the registry with it) and no API token;
 //! 3. a pod mounting the version inline by digest: the BLAKE3 of every file it reads equals
 //!    that file's whole-content BLAKE3 in the manifest (read from the store);
 //! 4. tags: `prod` → v1, a pod by `volume` + `tag` and one pinned to v1; the source changes
@@ -29,11 +37,11 @@
 //!
 //! Cleanup runs whatever happens (the steps run in a spawned task, so a panic is caught):
 //! pods and versions go while the plugin and operator still run, then `helm uninstall`,
-//! the node's GPU label, the CSIDriver, the namespaces and moto.
+//! the node's GPU label, the CSIDriver, the namespaces, moto and the registry.
 //!
 //! Skipped (with a notice) unless `SEALED_E2E_CLUSTER=1`; needs root, moto_server, helm
-//! (`hack/build-k8s.sh`) and the workspace's binaries (`cargo build` / `cargo test` builds
-//! them).
+//! (`hack/build-k8s.sh`), crane on PATH (`hack/build-test-tools.sh`), python3 and the
+//! workspace's binaries (`cargo build` / `cargo test` builds them).
 
 use std::collections::BTreeMap;
 use std::fmt::Display;
@@ -59,6 +67,8 @@ use sealed_e2e::wait_for;
 
 #[path = "journey/hostile.rs"]
 mod hostile;
+#[path = "journey/registry.rs"]
+mod registry;
 use sealed_e2e::{Cluster, pseudo_random};
 use sealed_store::push::{PushOptions, push};
 use sealed_store::{ChunkStore, Digest, EntryKind, NoProgress};
@@ -453,6 +463,8 @@ struct Journey {
     cluster: Cluster,
     tools: Tools,
     moto: Moto,
+    /// The private registry the chart's images are pulled from (step 1).
+    registry: registry::Registry,
     store: ChunkStore,
     node: String,
     /// The chart's release namespace.
@@ -800,6 +812,11 @@ async fn journey() -> Result<()> {
         moto.pod_endpoint()
     ));
     let store = moto.store()?;
+    let registry = registry::Registry::start()?;
+    say(format!(
+        "crane registry serve behind hack/registry-auth.py (Basic auth) on {}",
+        registry::HOST
+    ));
     let release_ns =
         labelled_namespace(&client, "sealed-journey-system", "journey-release").await?;
     let ns = labelled_namespace(&client, "sealed-journey", "journey").await?;
@@ -812,6 +829,7 @@ async fn journey() -> Result<()> {
         cluster,
         tools,
         moto,
+        registry,
         store,
         node,
         release_ns,
@@ -934,8 +952,8 @@ async fn strip_version_finalizers(client: &Client, ns: &str) {
 }
 
 async fn steps(j: &Journey, operator_bin: &Path, csi_bin: &Path) -> Result<()> {
-    install(j, operator_bin, csi_bin).await?;
-    let (v1, v2) = sync_and_tags(j).await?;
+    let images = install(j, operator_bin, csi_bin).await?;
+    let (v1, v2) = sync_and_tags(j, &images).await?;
     delete_and_restore(j, &v1).await?;
     gpu_exclusion(j).await?;
     upgrade(j, &v1, &v2).await?;
@@ -943,16 +961,70 @@ async fn steps(j: &Journey, operator_bin: &Path, csi_bin: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The chart's images as pushed to the journey's registry (step 1).
+struct Images {
+    /// Manifest digests (sha256:...) of HOST/sealed-operator and HOST/sealed-csi.
+    operator: String,
+    csi: String,
+}
+
+impl Images {
+    fn operator_ref(&self) -> String {
+        format!("{}/sealed-operator@{}", registry::HOST, self.operator)
+    }
+
+    fn csi_ref(&self) -> String {
+        format!("{}/sealed-csi@{}", registry::HOST, self.csi)
+    }
+}
+
+/// What the runtime says a running container's image is: `HOST/REPO@sha256:...` when it
+/// was pulled from the registry (an imported image has no repo digest of that host).
+fn image_ids(pod: &Pod) -> Vec<(String, String)> {
+    let status = pod.status.as_ref();
+    status
+        .and_then(|s| s.container_statuses.as_ref())
+        .into_iter()
+        .chain(status.and_then(|s| s.init_container_statuses.as_ref()))
+        .flatten()
+        .map(|c| (c.name.clone(), c.image_id.clone()))
+        .collect()
+}
+
+/// Fails unless every container of `pod` runs `want` (HOST/REPO@sha256:...) as pulled.
+fn ensure_pulled(pod: &Pod, want: &[String]) -> Result<()> {
+    let ids = image_ids(pod);
+    ensure!(
+        !ids.is_empty(),
+        "pod {} has no container statuses",
+        pod.name_any()
+    );
+    for (container, id) in &ids {
+        let id = id.strip_prefix("docker-pullable://").unwrap_or(id);
+        ensure!(
+            want.iter().any(|w| w == id),
+            "container {container} of pod {} runs image {id:?}, not one pulled from the \
+             registry ({want:?})",
+            pod.name_any()
+        );
+    }
+    Ok(())
+}
+
 /// Step 1.
-async fn install(j: &Journey, operator_bin: &Path, csi_bin: &Path) -> Result<()> {
-    step(1, "images and the Helm chart");
+async fn install(j: &Journey, operator_bin: &Path, csi_bin: &Path) -> Result<Images> {
+    step(1, "images from a private registry and the Helm chart");
     let t = Instant::now();
     let script = sealed_e2e::repo_root().join("hack/images.sh");
+    // The images a release builds (the release workflow runs the same script with
+    // SEALED_PROFILE=release; here the test's own debug binaries), as docker archives.
     let out = Command::new(&script)
         .arg("sealed")
         .env("SEALED_OPERATOR_BIN", operator_bin)
         .env("SEALED_CSI_BIN", csi_bin)
         .env("SEALED_IMAGE_TAG", "dev")
+        // Not into containerd: the kubelet pulls them from the registry.
+        .env("SEALED_IMAGES_IMPORT", "0")
         .stderr(Stdio::inherit())
         .output()
         .with_context(|| format!("cannot run {}", script.display()))?;
@@ -961,22 +1033,69 @@ async fn install(j: &Journey, operator_bin: &Path, csi_bin: &Path) -> Result<()>
         "hack/images.sh sealed failed ({})",
         out.status
     );
+    let archives: Vec<PathBuf> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(PathBuf::from)
+        .collect();
+    let archive = |name: &str| {
+        archives
+            .iter()
+            .find(|a| a.to_string_lossy().contains(name))
+            .cloned()
+            .with_context(|| format!("hack/images.sh printed no {name} archive: {archives:?}"))
+    };
     let reader = PathBuf::from(env!("CARGO_BIN_EXE_tree-b3"));
     sealed_e2e::image_from_binary(READER_IMAGE, &reader, &[])?;
     say(format!(
-        "images sealed.local/sealed-operator:dev, sealed.local/sealed-csi:dev and {READER_IMAGE} \
-         built and imported in {:.0} s",
+        "images sealed-operator, sealed-csi and {READER_IMAGE} built in {:.0} s",
         t.elapsed().as_secs_f64()
     ));
+    let t = Instant::now();
+    let images = Images {
+        operator: j
+            .registry
+            .push(&archive("sealed-operator")?, "sealed-operator", "journey")?,
+        csi: j
+            .registry
+            .push(&archive("sealed-csi")?, "sealed-csi", "journey")?,
+    };
+    say(format!(
+        "pushed with crane through the auth proxy in {:.0} s: {} and {}",
+        t.elapsed().as_secs_f64(),
+        images.operator_ref(),
+        images.csi_ref()
+    ));
+    // Each image carries the SBOM of every binary in it (hack/images.sh, hack/sbom.sh).
+    for (image, package) in [
+        (images.operator_ref(), "sealed-operator"),
+        (images.csi_ref(), "sealed-csi"),
+        (images.csi_ref(), "sealed-fd-holder"),
+    ] {
+        let path = format!("usr/share/sbom/{package}.cdx.json");
+        let bytes = j.registry.file_in_image(&image, &path)?;
+        let sbom: serde_json::Value = serde_json::from_slice(&bytes)
+            .with_context(|| format!("/{path} in {image} is not JSON"))?;
+        let components = sbom["components"].as_array().map_or(0, Vec::len);
+        ensure!(
+            sbom["bomFormat"] == "CycloneDX"
+                && sbom["metadata"]["component"]["name"] == package
+                && components > 10,
+            "/{path} in {image} is not {package}'s CycloneDX SBOM: {:.300}",
+            String::from_utf8_lossy(&bytes)
+        );
+        say(format!(
+            "{image} holds /{path}: CycloneDX, {package}, {components} components"
+        ));
+    }
 
     // helm installs the chart's CRDs only when they are absent and never upgrades them
     // (docs/helm.md): apply the current ones first, as an upgrade would, so a CRD left by an
     // older build cannot prune fields the operator writes.
     sealed_e2e::install_crds(&j.client(), "sealed-e2e-journey").await?;
     say("CRDs applied (server-side) and served");
-    // What a private registry and workload identity need of sync Jobs: a pull secret and a
-    // service account of their own in the release namespace (the images are local, so the
-    // secret is never used to pull; step 2 checks that the Job's pod carries both).
+    // What a private registry and workload identity need: a pull secret with the registry's
+    // credentials (every image of the chart is pulled with it) and a service account of the
+    // sync Jobs' own in the release namespace (step 2 checks that the Job's pod has both).
     let sync_sa: ServiceAccount = serde_json::from_value(
         serde_json::json!({ "metadata": { "name": SYNC_SERVICE_ACCOUNT } }),
     )?;
@@ -987,16 +1106,26 @@ async fn install(j: &Journey, operator_bin: &Path, csi_bin: &Path) -> Result<()>
     let pull: Secret = serde_json::from_value(serde_json::json!({
         "metadata": { "name": PULL_SECRET },
         "type": "kubernetes.io/dockerconfigjson",
-        "stringData": { ".dockerconfigjson": r#"{"auths":{}}"# },
+        "stringData": { ".dockerconfigjson": j.registry.dockerconfigjson() },
     }))?;
     Api::<Secret>::namespaced(j.client(), &j.release_ns)
         .create(&PostParams::default(), &pull)
         .await
         .context("creating the pull Secret")?;
     let endpoint = j.moto.pod_endpoint();
+    let installed_after = j.registry.requests()?.len();
     let sets = [
         format!("fullnameOverride={RELEASE}"),
-        "image.tag=dev".into(),
+        // Documented values only (docs/helm.md): each component's repository and digest, and
+        // Always, so that a cluster which pulled these digests before pulls them again.
+        format!(
+            "operator.image.repository={}/sealed-operator",
+            registry::HOST
+        ),
+        format!("operator.image.digest={}", images.operator),
+        format!("node.image.repository={}/sealed-csi", registry::HOST),
+        format!("node.image.digest={}", images.csi),
+        "image.pullPolicy=Always".into(),
         format!("store.url=s3://{STORE_BUCKET}/{STORE_PREFIX}"),
         format!("store.endpoint={endpoint}"),
         format!("store.region={REGION}"),
@@ -1067,11 +1196,133 @@ async fn install(j: &Journey, operator_bin: &Path, csi_bin: &Path) -> Result<()>
          chart",
         j.node
     ));
+    check_pulls(j, &images, installed_after).await?;
+    Ok(images)
+}
+
+/// Step 1, continued: every pod of the release runs images pulled from the registry with
+/// the secret, and a pod without the secret cannot pull.
+async fn check_pulls(j: &Journey, images: &Images, installed_after: usize) -> Result<()> {
+    let pods = Api::<Pod>::namespaced(j.client(), &j.release_ns)
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let running: Vec<&Pod> = pods
+        .iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .collect();
+    ensure!(
+        running.len() >= 3,
+        "want the operator, node plugin and fd holder pods running, got {:?}",
+        running.iter().map(|p| p.name_any()).collect::<Vec<_>>()
+    );
+    let want = [images.operator_ref(), images.csi_ref()];
+    for pod in &running {
+        ensure_pulled(pod, &want)?;
+    }
+    say(format!(
+        "imageIDs of {} pods ({}) name the registry: {}",
+        running.len(),
+        running
+            .iter()
+            .map(|p| p.name_any())
+            .collect::<Vec<_>>()
+            .join(", "),
+        want.join(", ")
+    ));
+    let requests = j.registry.requests()?;
+    let since = &requests[installed_after.min(requests.len())..];
+    for repo in ["sealed-operator", "sealed-csi"] {
+        let pulls = since
+            .iter()
+            .filter(|r| r.is_manifest_of(repo) && r.ok())
+            .collect::<Vec<_>>();
+        ensure!(
+            !pulls.is_empty()
+                && pulls
+                    .iter()
+                    .all(|r| r.user.as_deref() == Some(registry::USER)),
+            "the auth proxy saw no authenticated pull of {repo} since helm install: {since:?}"
+        );
+    }
+    let blobs = since
+        .iter()
+        .filter(|r| r.method == "GET" && r.path.contains("/blobs/") && r.ok())
+        .count();
+    say(format!(
+        "the auth proxy saw {} requests since helm install: manifests of sealed-operator and \
+         sealed-csi and {blobs} blob GETs (none for layers containerd holds from an earlier \
+         run), each as user {} (and the 401 challenges before them)",
+        since.len(),
+        registry::USER
+    ));
+
+    // Without the secret: the pod's default ServiceAccount in the volume namespace has none.
+    let name = "no-pull-secret";
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name },
+        "spec": {
+            "nodeName": j.node,
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": false,
+            "containers": [{
+                "name": "operator",
+                "image": images.operator_ref(),
+                "imagePullPolicy": "Always",
+                "args": ["--help"],
+            }],
+        },
+    }))?;
+    let before = j.registry.requests()?.len();
+    j.pods().create(&PostParams::default(), &pod).await?;
+    let reason = std::sync::Mutex::new(String::new());
+    let failed = wait_for(
+        &format!("pod {name} to fail pulling"),
+        Duration::from_secs(90),
+        || async {
+            let p = j.pods().get(name).await?;
+            let waiting = p
+                .status
+                .and_then(|s| s.container_statuses)
+                .into_iter()
+                .flatten()
+                .find_map(|c| c.state?.waiting?.reason)
+                .unwrap_or_default();
+            let failed = matches!(waiting.as_str(), "ErrImagePull" | "ImagePullBackOff");
+            *reason.lock().expect("reason") = waiting;
+            Ok(failed)
+        },
+    )
+    .await;
+    let events = j.events_of(name).await;
+    j.delete_pod(name).await?;
+    failed.with_context(|| format!("pod {name}: events {events:?}"))?;
+    let reason = reason.into_inner().expect("reason");
+    let refused = j.registry.requests()?[before..]
+        .iter()
+        .filter(|r| r.is_manifest_of("sealed-operator"))
+        .map(|r| (r.user.clone(), r.status.clone()))
+        .collect::<Vec<_>>();
+    ensure!(
+        !refused.is_empty() && refused.iter().all(|(user, _)| user.is_none()),
+        "the pull without a secret should reach the proxy unauthenticated only: {refused:?}"
+    );
+    let event = events
+        .iter()
+        .find(|e| e.contains("401") || e.to_lowercase().contains("unauthorized"))
+        .cloned()
+        .unwrap_or_else(|| events.join(" | "));
+    say(format!(
+        "a pod of {} without a pull secret: {reason}, the proxy answered its {} manifest \
+         request(s) with 401 ({event})",
+        images.operator_ref(),
+        refused.len()
+    ));
     Ok(())
 }
 
 /// Steps 2 to 5. Returns v1 and v2.
-async fn sync_and_tags(j: &Journey) -> Result<(Digest, Digest)> {
+async fn sync_and_tags(j: &Journey, images: &Images) -> Result<(Digest, Digest)> {
     step(2, "a SealedVolume synced from a bucket by a Job");
     let source = j.moto.bucket(SOURCE_BUCKET, SOURCE_PREFIX)?;
     let v1_files = model_v1();
@@ -1134,10 +1385,16 @@ async fn sync_and_tags(j: &Journey) -> Result<(Digest, Digest)> {
         .list(&ListParams::default().labels(&format!("job-name={job}")))
         .await?
         .items;
-    let pod_spec = pods
+    let job_pod = pods
         .iter()
-        .find_map(|p| p.spec.clone())
-        .with_context(|| format!("no pod of Job {job}"))?;
+        .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded"))
+        .with_context(|| format!("no Succeeded pod of Job {job}"))?;
+    let pod_spec = job_pod
+        .spec
+        .clone()
+        .with_context(|| format!("pod {} has no spec", job_pod.name_any()))?;
+    // The sync image defaults to the operator's: pulled from the registry with the secret.
+    ensure_pulled(job_pod, &[images.operator_ref()])?;
     ensure!(
         pod_spec.service_account_name.as_deref() == Some(SYNC_SERVICE_ACCOUNT),
         "the sync pod ran as {:?}, not {SYNC_SERVICE_ACCOUNT}",
@@ -1158,8 +1415,10 @@ async fn sync_and_tags(j: &Journey) -> Result<(Digest, Digest)> {
         "the sync pod mounts an API token"
     );
     say(format!(
-        "its pod ran as ServiceAccount {SYNC_SERVICE_ACCOUNT} with pull secret {PULL_SECRET}, \
-         no API token mounted"
+        "its pod {} (Succeeded) ran as ServiceAccount {SYNC_SERVICE_ACCOUNT} with pull secret \
+         {PULL_SECRET}, no API token mounted, image {} pulled from the registry",
+        job_pod.name_any(),
+        images.operator_ref()
     ));
 
     step(
