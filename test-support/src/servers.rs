@@ -1,6 +1,6 @@
-//! The real servers tests run against, on loopback ports: moto's S3 server (PyPI) and Azurite
-//! (npm). A missing tool skips the test, or fails it under SEALED_REQUIRE_SERVERS=1 (as
-//! .ci/run sets).
+//! The real servers tests run against, on loopback ports: moto's S3 server (PyPI), Azurite
+//! (npm) and fake-gcs-server (Go module, hack/build-test-tools.sh). A missing tool skips the
+//! test, or fails it under SEALED_REQUIRE_SERVERS=1 (as .ci/run sets).
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
@@ -204,5 +204,111 @@ impl Drop for Hub {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// fake-gcs-server (hack/build-test-tools.sh builds it) with a fresh bucket; `url` is the
+/// base URL a GCS client takes (`gcs_base_url`). Its public host is set to the address
+/// clients use, or it routes no XML-API request (it matches the Host header against
+/// `-public-host`, default storage.googleapis.com).
+///
+/// It serves object_store's XML-API reads (GET/HEAD with ranges, `list-type=2` listings) but,
+/// at v1.56.1, no XML-API write: `PUT /{bucket}/{object}` reaches its JSON `insertObject`,
+/// which answers 400 "invalid uploadType" without `?uploadType=` (fakestorage/upload.go), and
+/// `x-goog-if-generation-match` is read nowhere. Tests write through [`gcs_put_object`]
+/// (the JSON API's media upload) instead.
+pub fn start_fake_gcs(bucket: &str) -> Option<Server> {
+    if missing(
+        "fake-gcs-server",
+        "hack/build-test-tools.sh, then its --path on PATH",
+    ) {
+        return None;
+    }
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut child = Command::new("fake-gcs-server")
+        .args([
+            "-backend",
+            "memory",
+            "-scheme",
+            "http",
+            "-host",
+            "127.0.0.1",
+        ])
+        .args(["-port", &port.to_string()])
+        .args(["-public-host", &format!("127.0.0.1:{port}")])
+        .args(["-external-url", &url, "-log-level", "error"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_port(port, &mut child, "fake-gcs-server");
+    let status = Command::new("curl")
+        .args(["-sf", "-o", "/dev/null", "-X", "POST"])
+        .arg(format!("{url}/storage/v1/b"))
+        .args(["-H", "Content-Type: application/json"])
+        .args(["-d", &format!("{{\"name\":\"{bucket}\"}}")])
+        .status()
+        .unwrap();
+    assert!(status.success(), "creating bucket {bucket} failed");
+    Some(Server {
+        child,
+        port,
+        url,
+        _dir: None,
+    })
+}
+
+/// Writes `data` as object `name` of `bucket` through the JSON API's media upload (the write
+/// fake-gcs-server has; see [`start_fake_gcs`]). Overwrites.
+pub fn gcs_put_object(server: &Server, bucket: &str, name: &str, data: &[u8]) {
+    use std::io::Write;
+    let mut body = tempfile::NamedTempFile::new().unwrap();
+    body.write_all(data).unwrap();
+    let name: String = name
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect();
+    let status = Command::new("curl")
+        .args(["-sf", "-o", "/dev/null", "-X", "POST"])
+        .args(["-H", "Content-Type: application/octet-stream"])
+        .arg("--data-binary")
+        .arg(format!("@{}", body.path().display()))
+        .arg(format!(
+            "{}/upload/storage/v1/b/{bucket}/o?uploadType=media&name={name}",
+            server.url
+        ))
+        .status()
+        .unwrap();
+    assert!(status.success(), "uploading gs://{bucket}/{name} failed");
+}
+
+/// Every file under `dir` as an object under `prefix` (`prefix/relative/path`) of `bucket`.
+pub fn gcs_put_dir(server: &Server, bucket: &str, prefix: &str, dir: &Path) {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(dir, &mut files);
+    for f in files {
+        let rel = f.strip_prefix(dir).unwrap().to_string_lossy().into_owned();
+        let name = if prefix.is_empty() {
+            rel
+        } else {
+            format!("{}/{rel}", prefix.trim_end_matches('/'))
+        };
+        gcs_put_object(server, bucket, &name, &std::fs::read(&f).unwrap());
     }
 }
