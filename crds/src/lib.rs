@@ -27,7 +27,7 @@ pub use version::{SealedVolumeVersion, SealedVolumeVersionSpec, SealedVolumeVers
 pub use volume::{
     HuggingFaceRepoType, HuggingFaceSource, ObjectStoreSource, Retention, SealedVolume,
     SealedVolumeSpec, SealedVolumeStatus, SecretKeyRef, SecretRef, Source, SourceKind,
-    SyncProgress, TagStatus, UploadSource,
+    SyncProgress, TagStatus, UploadSource, Warm,
 };
 
 /// The API group of both resources.
@@ -39,6 +39,31 @@ pub const API_VERSION: &str = "sealedvolumes.io/v1alpha1";
 
 /// The label the operator puts on a `SealedVolumeVersion` naming its `SealedVolume`.
 pub const VOLUME_LABEL: &str = "sealedvolumes.io/volume";
+
+/// On a `SealedVolumeVersion`: on how many nodes (0 to 1000) the node plugins warm it (fetch
+/// it into their disk caches before a pod asks). The operator copies a volume's
+/// `spec.warm.nodes` onto each version it creates; a version applied from Git may carry it.
+pub const WARM_ANNOTATION: &str = "sealedvolumes.io/warm-nodes";
+
+/// The warm count of a version's [`WARM_ANNOTATION`] value: `Ok(None)` without one, an error
+/// naming the bound for a value that is not a count from 0 to 1000.
+pub fn warm_nodes(
+    annotations: &std::collections::BTreeMap<String, String>,
+) -> Result<Option<u32>, String> {
+    let Some(value) = annotations.get(WARM_ANNOTATION) else {
+        return Ok(None);
+    };
+    match value.trim().parse::<u32>() {
+        Ok(n) if n <= volume::MAX_WARM_NODES => Ok(Some(n)),
+        _ => {
+            let shown: String = value.chars().take(32).collect();
+            Err(format!(
+                "annotation {WARM_ANNOTATION} is {shown:?}, not a node count from 0 to {}",
+                volume::MAX_WARM_NODES
+            ))
+        }
+    }
+}
 
 /// Set this annotation on a `SealedVolume` (to any new value, e.g. the time) to sync its
 /// source again although the spec did not change: `kubectl annotate svol NAME

@@ -175,6 +175,14 @@ impl SealedVolumeSpec {
         if let Err(e) = self.source.kind() {
             errors.push(e);
         }
+        if let Some(warm) = &self.warm
+            && warm.nodes > crate::volume::MAX_WARM_NODES
+        {
+            errors.push(InvalidSpec::new(
+                "spec.warm.nodes",
+                format!("must be from 0 to {}", crate::volume::MAX_WARM_NODES),
+            ));
+        }
         if let Some(hf) = &self.source.hugging_face {
             let valid_part = |p: &str| {
                 p.as_bytes().first().is_some_and(u8::is_ascii_alphanumeric)

@@ -92,7 +92,27 @@ pub struct SealedVolumeSpec {
     /// pods in the volume's own namespace may.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub shared: bool,
+
+    /// Warm each new version after it is sealed: its bytes are fetched into the node disk
+    /// caches of `nodes` node plugins (picked by rendezvous hashing of the version's digest
+    /// over the live node plugins) before any pod asks. Unset: versions are fetched when a
+    /// pod first reads them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm: Option<Warm>,
 }
+
+/// Warming of new versions (`spec.warm`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Warm {
+    /// On how many nodes (0 to 1000) a new version is fetched into the disk cache. All the
+    /// node plugins when there are fewer; 0 warms none.
+    #[schemars(range(min = 0, max = 1000))]
+    pub nodes: u32,
+}
+
+/// Most nodes `spec.warm.nodes` may name.
+pub const MAX_WARM_NODES: u32 = 1000;
 
 /// Where a volume's versions come from. Set exactly one field.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -202,6 +222,7 @@ impl Source {
             tags: BTreeMap::new(),
             retention: Retention::default(),
             shared: false,
+            warm: None,
         };
         match spec.validate().into_iter().next() {
             None => Ok(spec.source),
@@ -537,6 +558,7 @@ mod tests {
                 tags: BTreeMap::new(),
                 retention: Retention::default(),
                 shared: false,
+                warm: None,
             },
         );
         let first = v.sync_trigger();

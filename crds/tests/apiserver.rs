@@ -39,6 +39,7 @@ fn hf_volume(name: &str) -> SealedVolume {
             tags: BTreeMap::from([("prod".into(), D1.into()), ("staging".into(), D2.into())]),
             retention: Retention::default(),
             shared: false,
+            warm: None,
         },
     )
 }
@@ -244,6 +245,7 @@ spec:
                 deleted_versions: "1h30m".into(),
             },
             shared: true,
+            warm: None,
         },
     );
     volumes.create(&pp, &bucket).await?;
@@ -262,6 +264,7 @@ spec:
             tags: BTreeMap::new(),
             retention: Retention::default(),
             shared: false,
+            warm: None,
         },
     );
     let created = volumes.create(&pp, &upload).await?;

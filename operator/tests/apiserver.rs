@@ -148,6 +148,7 @@ fn upload_volume(name: &str, tags: &[(&str, &str)]) -> SealedVolume {
                 .collect(),
             retention: Retention::default(),
             shared: false,
+            warm: None,
         },
     )
 }
@@ -378,6 +379,7 @@ async fn missing_secret_is_a_condition_without_a_hot_loop() {
             tags: BTreeMap::new(),
             retention: Retention::default(),
             shared: false,
+            warm: None,
         },
     );
     fx.volumes()
@@ -473,6 +475,7 @@ async fn refused_sources_are_conditions_and_start_no_sync() {
                 tags: BTreeMap::new(),
                 retention: Retention::default(),
                 shared: false,
+                warm: None,
             },
         );
         fx.volumes()

@@ -57,6 +57,7 @@ fn upload_volume(name: &str) -> SealedVolume {
             tags: BTreeMap::new(),
             retention: Retention::default(),
             shared: false,
+            warm: None,
         },
     )
 }

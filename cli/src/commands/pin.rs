@@ -853,6 +853,7 @@ spec:
                 tags: [("prod".to_string(), D.to_string())].into(),
                 retention: Default::default(),
                 shared: false,
+                warm: None,
             },
         );
         assert!(

@@ -506,6 +506,7 @@ pub async fn sealed_volume(
                 .collect(),
             retention: sealed_crds::Retention::default(),
             shared,
+            warm: None,
         },
     );
     Ok(
