@@ -158,6 +158,18 @@ impl KubeAccess {
         }
     }
 
+    /// Whether `v` was made by the operator, as a mount would judge it (see
+    /// [`check_version`]); a key that cannot be read is a no. For warming (`warm`).
+    pub async fn made_by_operator(&self, v: &SealedVolumeVersion) -> bool {
+        match self.key().await {
+            Ok(key) => check_version(v, key.as_ref()).is_ok(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the attestation key");
+                false
+            }
+        }
+    }
+
     /// `FailedPrecondition` unless the CSIDriver object of this driver sets
     /// `podInfoOnMount: true`: without it kubelet does not put the pod into the volume
     /// context, and a namespace found there was written by whoever wrote the volume's

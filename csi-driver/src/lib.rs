@@ -31,6 +31,7 @@ pub mod state;
 pub mod state_dir;
 pub mod store_slot;
 pub mod targets;
+pub mod warm;
 
 pub use error::CsiError;
 pub use identity::{DRIVER_NAME, IdentityService};

@@ -97,6 +97,10 @@ pub async fn run(config: PluginConfig) -> anyhow::Result<()> {
         Some(peer) => Some(start_peer_tier(peer, &config, &peer_cache, &driver).await?),
         None => None,
     };
+    // Versions whose volume asks for warm nodes (`warm`): needs the API server.
+    if let Some(kube) = &kube {
+        crate::warm::start(kube, &driver, &config, &peer_cache, _peer.as_ref())?;
+    }
     if !fd_holder {
         tracing::warn!(
             "no --fd-holder: restarting this plugin will break the mounts of running pods"

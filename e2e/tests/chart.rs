@@ -539,7 +539,7 @@ fn rbac_is_least_privilege() -> Result<()> {
         expect(OPERATOR_NS, "secrets", &["create"]);
         // The node plugin (docs/csi.md): exactly what kube_access.rs calls.
         expect(NODE, "nodes", &["get"]);
-        expect(NODE, "sealedvolumeversions", &["list"]);
+        expect(NODE, "sealedvolumeversions", &["list", "watch"]);
         expect(NODE, "sealedvolumes", &["get"]);
         expect(NODE, "events", &["create"]);
         expect(NODE, "secrets", &[]);

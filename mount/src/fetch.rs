@@ -202,6 +202,26 @@ impl NodeCache {
         self.inner.disk.as_ref()
     }
 
+    /// True if the chunk is in the disk tier (its own file, or an assembled file registered
+    /// with [`NodeCache::register_on_disk`]): what warming a version (the node plugin) asks
+    /// after a restart, so the cache itself tells what is there.
+    pub fn on_disk(&self, digest: &Digest) -> bool {
+        self.inner.disk.as_ref().is_some_and(|d| d.contains(digest))
+    }
+
+    /// True if this cache has a disk tier.
+    pub fn has_disk(&self) -> bool {
+        self.inner.disk.is_some()
+    }
+
+    /// Records where the chunks of `file` are if it is assembled on disk (a mount does this
+    /// for its files; so must anyone who asks [`NodeCache::on_disk`] about them).
+    pub fn register_on_disk(&self, file: &sealed_store::FileEntry) {
+        if let Some(disk) = &self.inner.disk {
+            disk.register(file);
+        }
+    }
+
     /// Assemblies of whole files under way (`crate::hydrate`), by file BLAKE3.
     pub(crate) fn assembling(&self) -> &Mutex<std::collections::HashSet<Digest>> {
         &self.inner.assembling
