@@ -193,7 +193,13 @@ impl Warmer {
                         Some(Ok(E::Init)) => pending.clear(),
                         Some(Ok(E::InitApply(v))) => add(&mut pending, v),
                         Some(Ok(E::InitDone)) => self.wants = std::mem::take(&mut pending),
-                        Some(Ok(E::Apply(v))) => add(&mut self.wants, v),
+                        Some(Ok(E::Apply(v))) => {
+                            // A changed version (its attestation written) is looked at again now.
+                            if let Ok(d) = Digest::parse(&v.spec.digest) {
+                                self.failed.remove(&d);
+                            }
+                            add(&mut self.wants, v);
+                        }
                         Some(Ok(E::Delete(v))) => {
                             if let Ok(d) = Digest::parse(&v.spec.digest) {
                                 self.wants.remove(&d);
@@ -247,8 +253,9 @@ impl Warmer {
         for (digest, want) in todo {
             if !self.kube.made_by_operator(&want.version).await {
                 tracing::info!(%digest, version = %want.version.name_any(),
-                    "not warming a version the operator did not make");
-                self.done.insert(digest);
+                    "not warming a version the operator did not make (yet)");
+                // Its attestation may still come (a status update looks again at once).
+                self.failed.insert(digest, Instant::now());
                 continue;
             }
             let started = Instant::now();
