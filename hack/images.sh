@@ -12,7 +12,8 @@
 #                       sealed.local/sealed-csi:dev (with sealed-fd-holder; default both) from the
 #                       cargo-built binaries,
 #                       with their glibc, the host's CA certificates and the CycloneDX SBOM of
-#                       each binary (hack/sbom.sh) at /usr/share/sbom/<package>.cdx.json;
+#                       each binary (hack/sbom.sh) at /usr/share/sbom/<package>.cdx.json
+#                       (the image's label io.sealedvolumes.sbom lists those paths, comma-separated);
 #                       imported if the cluster runs.
 #                       Env: SEALED_IMAGE_TAG (dev), SEALED_IMAGE_REPOSITORY (sealed.local),
 #                       SEALED_IMAGES_IMPORT (1; 0: build the archives, import nothing),
@@ -36,6 +37,8 @@ PAUSE_IMAGE=sealed.local/pause:v1
 BUSYBOX_IMAGE=sealed.local/busybox:v1
 # Bump when the way base images are built changes, so cached archives are rebuilt.
 IMAGE_REV=2
+# More KEY=VALUE labels for the next build_image (cmd_sealed: where the SBOMs are).
+IMAGE_LABELS=()
 
 usage() { usage_from_header "${BASH_SOURCE[0]}"; }
 
@@ -71,6 +74,7 @@ build_image() {
   cfg+=(--config.label "org.opencontainers.image.licenses=Apache-2.0")
   [[ -n ${SEALED_GIT_COMMIT:-} ]] && cfg+=(--config.label "org.opencontainers.image.revision=$SEALED_GIT_COMMIT")
   [[ -n ${SEALED_SOURCE_URL:-} ]] && cfg+=(--config.label "org.opencontainers.image.source=$SEALED_SOURCE_URL")
+  for a in "${IMAGE_LABELS[@]}"; do cfg+=(--config.label "$a"); done
   umoci config --image "$tmp/oci:img" "${cfg[@]}"
   mkdir -p "$(dirname "$out")"
   rm -f "$out.part"
@@ -205,7 +209,10 @@ cmd_sealed() {
       sbom sealed-fd-holder "$sboms" && extra+=("$sboms/sealed-fd-holder.cdx.json:$SBOM_DIR/sealed-fd-holder.cdx.json")
     fi
     sbom "sealed-$c" "$sboms" && extra+=("$sboms/sealed-$c.cdx.json:$SBOM_DIR/sealed-$c.cdx.json")
+    # A label pointing at them, so a scanner finds the SBOMs from the image config alone.
+    IMAGE_LABELS=("io.sealedvolumes.sbom=$(printf '%s\n' "${extra[@]}" | sed -n 's/.*:\(.*\.cdx\.json\)$/\1/p' | paste -sd, -)")
     cmd_binary "${SEALED_IMAGE_REPOSITORY:-sealed.local}/sealed-$c:$tag" "$bin" "$ca:$ca" "${extra[@]}"
+    IMAGE_LABELS=()
   done
 }
 

@@ -1065,13 +1065,22 @@ async fn install(j: &Journey, operator_bin: &Path, csi_bin: &Path) -> Result<Ima
         images.operator_ref(),
         images.csi_ref()
     ));
-    // Each image carries the SBOM of every binary in it (hack/images.sh, hack/sbom.sh).
+    // Each image carries the SBOM of every binary in it (hack/images.sh, hack/sbom.sh), and
+    // its config's label io.sealedvolumes.sbom names where.
     for (image, package) in [
         (images.operator_ref(), "sealed-operator"),
         (images.csi_ref(), "sealed-csi"),
         (images.csi_ref(), "sealed-fd-holder"),
     ] {
         let path = format!("usr/share/sbom/{package}.cdx.json");
+        let config = j.registry.config(&image)?;
+        let label = config["config"]["Labels"]["io.sealedvolumes.sbom"]
+            .as_str()
+            .unwrap_or_default();
+        ensure!(
+            label.split(',').any(|p| p == format!("/{path}")),
+            "the label io.sealedvolumes.sbom of {image} ({label:?}) does not name /{path}"
+        );
         let bytes = j.registry.file_in_image(&image, &path)?;
         let sbom: serde_json::Value = serde_json::from_slice(&bytes)
             .with_context(|| format!("/{path} in {image} is not JSON"))?;
@@ -1084,7 +1093,8 @@ async fn install(j: &Journey, operator_bin: &Path, csi_bin: &Path) -> Result<Ima
             String::from_utf8_lossy(&bytes)
         );
         say(format!(
-            "{image} holds /{path}: CycloneDX, {package}, {components} components"
+            "{image} holds /{path} (its label io.sealedvolumes.sbom={label}): CycloneDX, \
+             {package}, {components} components"
         ));
     }
 

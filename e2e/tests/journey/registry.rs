@@ -227,6 +227,25 @@ impl Registry {
 }
 
 impl Registry {
+    /// The config (JSON) of the image `reference` of this registry, read through the proxy
+    /// with `crane config`.
+    pub fn config(&self, reference: &str) -> Result<serde_json::Value> {
+        let out = Command::new(crane()?)
+            .arg("config")
+            .arg(reference)
+            .env("DOCKER_CONFIG", self.dir.path().join("docker"))
+            .output()
+            .context("cannot run crane config")?;
+        ensure!(
+            out.status.success(),
+            "crane config {reference} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout)
+            .with_context(|| format!("crane config {reference} printed no JSON"))
+    }
+
     /// The bytes of file `path` (no leading /) in the image `reference` of this registry,
     /// read through the proxy with `crane export` (the flattened filesystem) and tar.
     pub fn file_in_image(&self, reference: &str, path: &str) -> Result<Vec<u8>> {
