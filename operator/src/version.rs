@@ -35,6 +35,26 @@ const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 /// once the volume is gone) is still kept for its own volume's retention.
 pub const RETENTION_ANNOTATION: &str = "sealedvolumes.io/retention";
 
+/// The annotations the operator gives a version it creates for `volume`: the volume's
+/// retention ([`RETENTION_ANNOTATION`]) and, when `spec.warm.nodes` is set above 0, the warm
+/// count ([`sealed_crds::WARM_ANNOTATION`]) the node plugins warm it by. Stamped at creation
+/// only: turning warming on later warms the versions sealed after, not every older one.
+pub fn creation_annotations(volume: &SealedVolume) -> std::collections::BTreeMap<String, String> {
+    let mut annotations = std::collections::BTreeMap::from([(
+        RETENTION_ANNOTATION.to_string(),
+        volume.spec.retention.deleted_versions.clone(),
+    )]);
+    if let Some(warm) = volume.spec.warm.as_ref().filter(|w| w.nodes > 0) {
+        annotations.insert(
+            sealed_crds::WARM_ANNOTATION.to_string(),
+            warm.nodes
+                .min(sealed_crds::volume::MAX_WARM_NODES)
+                .to_string(),
+        );
+    }
+    annotations
+}
+
 pub async fn reconcile(version: Arc<SealedVolumeVersion>, ctx: Arc<Context>) -> Result<Action> {
     let namespace = version.namespace().unwrap_or_default();
     if !ctx.config.watches(&namespace) {
@@ -496,8 +516,29 @@ mod tests {
                     deleted_versions: retention.into(),
                 },
                 shared: false,
+                warm: None,
             },
         )
+    }
+
+    #[test]
+    fn new_versions_carry_the_warm_count_when_it_is_set() {
+        let mut v = volume("72h");
+        let plain = creation_annotations(&v);
+        assert_eq!(
+            plain.get(RETENTION_ANNOTATION).map(String::as_str),
+            Some("72h")
+        );
+        assert!(!plain.contains_key(sealed_crds::WARM_ANNOTATION));
+        v.spec.warm = Some(sealed_crds::Warm { nodes: 0 });
+        assert!(!creation_annotations(&v).contains_key(sealed_crds::WARM_ANNOTATION));
+        v.spec.warm = Some(sealed_crds::Warm { nodes: 3 });
+        let warm = creation_annotations(&v);
+        assert_eq!(
+            sealed_crds::warm_nodes(&warm),
+            Ok(Some(3)),
+            "the plugins read back what the operator wrote"
+        );
     }
 
     #[test]

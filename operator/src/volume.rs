@@ -521,10 +521,7 @@ async fn create_version(
             VOLUME_LABEL.to_string(),
             volume.name_any(),
         )])),
-        annotations: Some(BTreeMap::from([(
-            crate::version::RETENTION_ANNOTATION.to_string(),
-            volume.spec.retention.deleted_versions.clone(),
-        )])),
+        annotations: Some(crate::version::creation_annotations(volume)),
         owner_references: owner_reference(volume).map(|o| vec![o]),
         ..Default::default()
     };
