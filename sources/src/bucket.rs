@@ -150,9 +150,7 @@ impl BucketSource {
                 }
             }
             ObjectStoreScheme::GoogleCloudStorage => {
-                if let Some(e) = endpoint {
-                    options.insert("google_base_url".into(), e.into());
-                }
+                gcs_endpoint(&mut options, endpoint, access, &shown)?;
             }
             ObjectStoreScheme::Local => {}
             other => {
@@ -523,6 +521,71 @@ fn secret_options(
     Ok(options)
 }
 
+/// Fields of a service-account key object_store reads as *where* or *how* to read
+/// (`gcs_base_url`: the host every request and its bearer JWT go to; `disable_oauth`:
+/// unauthenticated requests), not *who*: refused in a tenant's key, as endpoint keys are.
+const GCS_KEY_REFUSED: [&str; 2] = ["gcs_base_url", "disable_oauth"];
+
+/// The GCS endpoint: object_store takes a base URL only from the service-account key's
+/// `gcs_base_url` (no builder option), so the endpoint the policy checked
+/// (`spec.source.objectStore.endpoint`) is written into the key, and a tenant's key may not
+/// carry its own: that would send the tenant's signed JWT to a host no check saw (around
+/// the allowed-hosts annotation and the http:// rule), which is invariant 6's "a credential
+/// goes only to its own endpoint's origin".
+fn gcs_endpoint(
+    options: &mut BTreeMap<String, String>,
+    endpoint: Option<&str>,
+    access: Access,
+    shown: &str,
+) -> Result<(), SourceError> {
+    let invalid = |detail: String| SourceError::InvalidCredentials {
+        url: shown.to_owned(),
+        detail,
+    };
+    let key_name = options
+        .keys()
+        .find(|k| GoogleConfigKey::from_str(k).ok() == Some(GoogleConfigKey::ServiceAccountKey))
+        .cloned();
+    let Some(key_name) = key_name else {
+        return match endpoint {
+            Some(_) => Err(SourceError::Invalid(format!(
+                "{shown}: a GCS endpoint (spec.source.objectStore.endpoint) needs the \
+                 credentials as GOOGLE_SERVICE_ACCOUNT_KEY: the GCS client takes a base URL only \
+                 with a service-account key"
+            ))),
+            None => Ok(()),
+        };
+    };
+    let raw = options.get(&key_name).map(String::as_str).unwrap_or("");
+    let mut key: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(raw).map_err(|e| {
+            // Not serde's message: it may quote the key's text.
+            invalid(format!(
+                "GOOGLE_SERVICE_ACCOUNT_KEY is not a service-account key (a JSON object; \
+                 unreadable at line {} column {})",
+                e.line(),
+                e.column()
+            ))
+        })?;
+    if access == Access::Own
+        && let Some(field) = GCS_KEY_REFUSED.iter().find(|f| key.contains_key(**f))
+    {
+        return Err(invalid(format!(
+            "GOOGLE_SERVICE_ACCOUNT_KEY sets {field}, which would change where or how the \
+             source is read: remove it (set an endpoint in spec.source.objectStore.endpoint)"
+        )));
+    }
+    if let Some(e) = endpoint {
+        key.insert(
+            "gcs_base_url".into(),
+            serde_json::Value::String(e.trim_end_matches('/').to_owned()),
+        );
+        let rewritten = serde_json::Value::Object(key).to_string();
+        options.insert(key_name, rewritten);
+    }
+    Ok(())
+}
+
 /// An ETag without its quotes or weak marker (stores differ between listings and GETs).
 fn normal_etag(etag: &str) -> String {
     etag.trim()
@@ -586,6 +649,71 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn a_gcs_key_says_who_and_the_endpoint_says_where() {
+        let key = r#"{"client_email":"a@b","private_key":"PRIVATE-KEY-TEXT","private_key_id":"1"}"#;
+        let name = "google_service_account_key";
+        // The checked endpoint is written into the key (the only base URL object_store takes).
+        let mut options = keys(&[(name, key)]);
+        gcs_endpoint(
+            &mut options,
+            Some("http://127.0.0.1:4443/"),
+            Access::Own,
+            "gs://b",
+        )
+        .unwrap();
+        let written: serde_json::Value = serde_json::from_str(&options[name]).unwrap();
+        assert_eq!(written["gcs_base_url"], "http://127.0.0.1:4443");
+        assert_eq!(written["private_key"], "PRIVATE-KEY-TEXT");
+        assert_eq!(options.len(), 1, "{options:?}");
+        // No endpoint: the key as it was (object_store's default, storage.googleapis.com).
+        let mut options = keys(&[(name, key)]);
+        gcs_endpoint(&mut options, None, Access::Own, "gs://b").unwrap();
+        assert_eq!(options[name], key);
+
+        // A tenant's key that moves the host (or turns auth off) is refused, naming the field.
+        for (field, value) in [
+            ("gcs_base_url", r#""http://169.254.169.254""#),
+            ("disable_oauth", "true"),
+        ] {
+            let moved = format!(
+                r#"{{"client_email":"a@b","private_key":"PRIVATE-KEY-TEXT","private_key_id":"1","{field}":{value}}}"#
+            );
+            for endpoint in [None, Some("https://storage.example.com")] {
+                let mut options = keys(&[(name, &moved)]);
+                let err = gcs_endpoint(&mut options, endpoint, Access::Own, "gs://b").unwrap_err();
+                assert_eq!(err.reason(), "InvalidCredentials", "{err}");
+                let msg = format!("{err} {err:?}");
+                assert!(msg.contains(field), "{msg}");
+                assert!(!msg.contains("PRIVATE-KEY-TEXT"), "{msg}");
+            }
+            // The process's own key (an allow-listed source) is the admin's: kept.
+            let mut options = keys(&[(name, &moved)]);
+            gcs_endpoint(&mut options, None, Access::Ambient, "gs://b").unwrap();
+        }
+        // Not JSON: refused without quoting it.
+        let mut options = keys(&[(name, "PRIVATE-KEY-TEXT")]);
+        let err = gcs_endpoint(&mut options, None, Access::Own, "gs://b").unwrap_err();
+        assert_eq!(err.reason(), "InvalidCredentials", "{err}");
+        assert!(
+            !format!("{err} {err:?}").contains("PRIVATE-KEY-TEXT"),
+            "{err:?}"
+        );
+        // An endpoint with no key to carry it would be ignored by the client: refused.
+        let mut options = BTreeMap::new();
+        let err = gcs_endpoint(
+            &mut options,
+            Some("http://127.0.0.1:1"),
+            Access::Ambient,
+            "gs://b",
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("GOOGLE_SERVICE_ACCOUNT_KEY"),
+            "{err}"
+        );
     }
 
     #[test]

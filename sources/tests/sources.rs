@@ -569,6 +569,114 @@ async fn azure_sync_matches_push() {
     assert!(!format!("{err} {err:?}").contains(wrong));
 }
 
+/// A service-account key with a freshly made RSA key (object_store signs a JWT with it for
+/// every request; fake-gcs-server does not check it), or None when openssl is missing.
+fn gcs_key() -> Option<String> {
+    if support::missing("openssl", "apt-get install openssl") {
+        return None;
+    }
+    let out = std::process::Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "openssl genpkey failed");
+    let pem = String::from_utf8(out.stdout).unwrap();
+    Some(
+        serde_json::json!({
+            "type": "service_account",
+            "client_email": "sync@tenant.iam.gserviceaccount.com",
+            "private_key_id": "1",
+            "private_key": pem,
+        })
+        .to_string(),
+    )
+}
+
+fn gcs_creds(key: &str) -> SourceCredentials {
+    SourceCredentials {
+        hf_token: None,
+        object_store: BTreeMap::from([("GOOGLE_SERVICE_ACCOUNT_KEY".to_owned(), key.to_owned())]),
+    }
+}
+
+#[tokio::test]
+async fn gcs_sync_matches_push() {
+    let Some(gcs) = support::start_fake_gcs("models") else {
+        return;
+    };
+    let Some(key) = gcs_key() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    model_tree(dir.path());
+    support::gcs_put_dir(&gcs, "models", "llm/v1", dir.path());
+    // A neighbour prefix sharing the name's start must not leak in.
+    support::gcs_put_object(&gcs, "models", "llm/v10/other.txt", b"x");
+
+    let store = ChunkStore::memory();
+    let creds = gcs_creds(&key);
+    let source = bucket_source("gs://models/llm/v1", Some(&gcs.url));
+    let first = sync(&store, &source, &creds).await.unwrap();
+    assert_eq!(first.digest, push_digest(dir.path()).await);
+    assert_eq!(first.files, 7);
+    assert_eq!(
+        resolve_revision(&source, &creds, &opts()).await.unwrap(),
+        first.source_revision,
+        "an unchanged prefix, the same revision"
+    );
+
+    change_one_file(dir.path());
+    support::gcs_put_dir(&gcs, "models", "llm/v1", dir.path());
+    let second = sync(&store, &source, &creds).await.unwrap();
+    assert_eq!(second.digest, push_digest(dir.path()).await);
+    assert_ne!(second.source_revision, first.source_revision);
+    assert!(second.bytes_reused >= 8 << 20);
+
+    // fake-gcs-server answers a missing bucket's listing with 500, not GCS's 404: retried,
+    // then an error (not an empty version).
+    let err = sync(
+        &store,
+        &bucket_source("gs://no-such-bucket/x", Some(&gcs.url)),
+        &creds,
+    )
+    .await
+    .unwrap_err();
+    assert_ne!(err.reason(), "InvalidCredentials", "{err}");
+}
+
+#[tokio::test]
+async fn gcs_key_cannot_move_the_endpoint() {
+    let evil = attacker().await;
+    // A usable key that names its own host (the client would send its signed JWT there):
+    // refused before any request, endpoint or not.
+    let Some(key) = gcs_key() else {
+        return;
+    };
+    let mut key: serde_json::Value = serde_json::from_str(&key).unwrap();
+    key["gcs_base_url"] = evil.url.clone().into();
+    let private_key = key["private_key"].as_str().unwrap().to_owned();
+    let key = key.to_string();
+    for endpoint in [None, Some("https://storage.googleapis.com")] {
+        let err = sync(
+            &ChunkStore::memory(),
+            &bucket_source("gs://models/llm", endpoint),
+            &gcs_creds(&key),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(err.reason(), "InvalidCredentials", "{err}");
+        assert!(err.to_string().contains("gcs_base_url"), "{err}");
+        assert!(!format!("{err} {err:?}").contains(&private_key), "{err:?}");
+    }
+    assert!(evil.requests().is_empty(), "{:?}", evil.requests());
+}
+
 /// The request line's path.
 fn request_path(head: &str) -> &str {
     head.split_whitespace().nth(1).unwrap_or("")
