@@ -3,6 +3,7 @@
 //! ```text
 //! <prefix>/chunks/<first 2 hex>/<64 hex>     chunk bytes, named by their BLAKE3
 //! <prefix>/manifests/<64 hex>                sealed manifests, written once
+//! <prefix>/profiles/<64 hex>                 a manifest's learned prefetch profile, written once
 //! <prefix>/volumes/[<ns>/]<name>/<64 hex>    "this version was pushed to this volume" records
 //! <prefix>/trash/<64 hex>                    a deleted manifest's bytes
 //! <prefix>/trash/<64 hex>.json               its trash record
@@ -21,6 +22,7 @@ use crate::digest::Digest;
 
 const CHUNKS: &str = "chunks";
 const MANIFESTS: &str = "manifests";
+const PROFILES: &str = "profiles";
 const VOLUMES: &str = "volumes";
 const TRASH: &str = "trash";
 const LEASES: &str = "leases";
@@ -73,6 +75,16 @@ pub fn manifest_key(digest: &Digest) -> ObjectPath {
 pub fn parse_manifest_key(key: &ObjectPath) -> Option<Digest> {
     let [top, hex] = segments(key)?;
     (top == MANIFESTS).then(|| parse_hex_digest(&hex))?
+}
+
+/// `profiles/<64 hex>`: the learned prefetch profile of the manifest `digest` names.
+pub fn profile_key(digest: &Digest) -> ObjectPath {
+    ObjectPath::from_iter([PROFILES, &digest.hex()])
+}
+
+pub fn parse_profile_key(key: &ObjectPath) -> Option<Digest> {
+    let [top, hex] = segments(key)?;
+    (top == PROFILES).then(|| parse_hex_digest(&hex))?
 }
 
 /// `volumes/<volume>` where `volume` is `name` or `ns/name`: the records of one volume.
@@ -195,6 +207,9 @@ mod tests {
         let d = digest();
         assert_eq!(parse_chunk_key(&chunk_key(&d)), Some(d));
         assert_eq!(parse_manifest_key(&manifest_key(&d)), Some(d));
+        assert_eq!(parse_profile_key(&profile_key(&d)), Some(d));
+        assert_eq!(parse_profile_key(&manifest_key(&d)), None);
+        assert_eq!(profile_key(&d).as_ref(), format!("profiles/{}", d.hex()));
         for volume in ["name", "ns/name", "a.b/c-d"] {
             let parsed = parse_volume_record_key(&volume_record_key(volume, &d));
             assert_eq!(parsed, Some((volume.to_owned(), d)));

@@ -23,6 +23,7 @@ pub mod lease;
 pub mod limits;
 pub mod manifest;
 mod objects;
+pub mod profile;
 pub mod progress;
 pub mod pull;
 pub mod push;
@@ -39,6 +40,7 @@ pub use error::{Error, Result};
 pub use http_cap::{CappedConnector, MAX_LISTING_PAGE_BYTES};
 pub use lease::WriterLease;
 pub use manifest::{ChunkRef, Entry, EntryKind, FileEntry, Manifest};
+pub use profile::{Profile, ProfileError};
 pub use progress::{NoProgress, Progress};
 pub use store::{ChunkStore, StoreOptions, VolumeRecord};
 

@@ -407,6 +407,51 @@ impl ChunkStore {
         }
     }
 
+    /// Writes a learned prefetch profile once (conditional create, first writer wins).
+    /// `Ok(false)` when one was there already: that is not an error.
+    pub async fn put_profile(&self, profile: &crate::profile::Profile) -> Result<bool> {
+        let key = layout::profile_key(&profile.manifest);
+        let body = profile.encode();
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        match self
+            .inner
+            .put_opts(&key, PutPayload::from(body.clone()), opts)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+            // Without conditional writes: write only when absent (a race loses one profile
+            // of two equally good ones, never a manifest).
+            Err(object_store::Error::NotImplemented) => {
+                if self.exists(&key).await? {
+                    return Ok(false);
+                }
+                self.inner
+                    .put(&key, PutPayload::from(body))
+                    .await
+                    .map_err(|e| self.backend(e))?;
+                Ok(true)
+            }
+            Err(e) => Err(self.backend(e)),
+        }
+    }
+
+    /// The raw bytes of a manifest's profile, or `None`. At most
+    /// [`crate::profile::MAX_PROFILE_BYTES`] are read: a larger one is
+    /// [`Error::ResponseTooLarge`]. Decode with [`crate::profile::Profile::decode`].
+    pub async fn get_profile_bytes(&self, manifest: &Digest) -> Result<Option<Bytes>> {
+        let what = format!("profile of {manifest}");
+        self.read_optional(
+            &layout::profile_key(manifest),
+            &what,
+            crate::profile::MAX_PROFILE_BYTES,
+        )
+        .await
+    }
+
     pub async fn has_manifest(&self, digest: &Digest) -> Result<bool> {
         self.exists(&layout::manifest_key(digest)).await
     }
