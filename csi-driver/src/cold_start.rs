@@ -15,10 +15,8 @@ use sealed_store::Digest;
 
 use crate::kube_access::{KubeAccess, PodInfo};
 
-/// Readers quiet this long after their first byte: the cold start is over.
-pub const QUIET: Duration = Duration::from_secs(5);
-/// The record is taken by then however the mount is read (a mount nobody reads included).
-pub const LONGEST: Duration = Duration::from_secs(600);
+pub use sealed_mount::cold_start::{LONGEST, QUIET};
+
 const POLL: Duration = Duration::from_millis(500);
 
 /// The `sealed_cold_start_*` series.
@@ -128,15 +126,11 @@ pub fn follow(
 async fn wait_until_over(record: &Arc<ColdStart>) -> ColdStartSnapshot {
     loop {
         let s = record.snapshot();
-        if is_over(&s) || Arc::strong_count(record) == 1 {
+        if s.is_over() || Arc::strong_count(record) == 1 {
             return s;
         }
         tokio::time::sleep(POLL).await;
     }
-}
-
-fn is_over(s: &ColdStartSnapshot) -> bool {
-    (s.first_byte.is_some() && s.idle() >= QUIET) || s.age >= LONGEST
 }
 
 /// The Event's message: one line a person reads in `kubectl describe pod`.
@@ -210,23 +204,23 @@ mod tests {
     #[test]
     fn over_when_quiet_after_reading_or_too_old() {
         let s = snapshot();
-        assert!(is_over(&s), "quiet for 6.9 s after reading");
+        assert!(s.is_over(), "quiet for 6.9 s after reading");
         let busy = ColdStartSnapshot {
             last_read: Some(Duration::from_secs(8)),
             ..s
         };
-        assert!(!is_over(&busy));
+        assert!(!busy.is_over());
         let unread = ColdStartSnapshot {
             first_byte: None,
             last_read: None,
             ..s
         };
-        assert!(!is_over(&unread), "nobody read yet: wait for a reader");
+        assert!(!unread.is_over(), "nobody read yet: wait for a reader");
         let old = ColdStartSnapshot {
             age: LONGEST,
             ..unread
         };
-        assert!(is_over(&old));
+        assert!(old.is_over());
     }
 
     #[test]

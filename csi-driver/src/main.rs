@@ -72,6 +72,11 @@ struct Args {
     /// comma-separated globs ('model,*.json' adds globs to model)
     #[arg(long, env = "SEALED_PREFETCH", default_value = "none", value_parser = parse_prefetch)]
     prefetch: PrefetchSelection,
+    /// Learned prefetch for volumes without a `learnedPrefetch` attribute: a version's first
+    /// mount records the order its readers ask for chunks and stores it beside the manifest;
+    /// later mounts on any node fetch those chunks in that order before they are asked for
+    #[arg(long, env = "SEALED_LEARNED_PREFETCH", default_value_t = true, action = clap::ArgAction::Set)]
+    learned_prefetch: bool,
     /// Where the plugin keeps its FUSE mounts (<state-dir>/mounts/<hex>)
     #[arg(
         long,
@@ -266,6 +271,7 @@ fn plugin_config(args: Args) -> anyhow::Result<PluginConfig> {
             max_fetches_per_mount: args.max_fetches_per_mount,
         },
         prefetch: args.prefetch,
+        learned_prefetch: args.learned_prefetch,
         ..MountOptions::default()
     };
     Ok(PluginConfig {

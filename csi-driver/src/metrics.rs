@@ -16,6 +16,7 @@ use prometheus::{
     Counter, Encoder as _, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
     Registry, TextEncoder,
 };
+use sealed_mount::metrics::PROFILE_IGNORE_REASONS;
 use sealed_mount::{MetricsSnapshot, MountMetrics};
 use tonic::Code;
 
@@ -312,6 +313,30 @@ const PLAIN: &[Plain] = &[
         |s| s.model_header_failures,
     ),
     (
+        "sealed_learned_profiles_replayed_total",
+        "Learned prefetch profiles replayed by mounts on this node",
+        Kind::Counter,
+        |s| s.learned_profiles_replayed,
+    ),
+    (
+        "sealed_learned_prefetch_chunks_total",
+        "Chunks learned prefetch profiles fetched ahead of readers",
+        Kind::Counter,
+        |s| s.learned_prefetch_chunks,
+    ),
+    (
+        "sealed_learned_profiles_written_total",
+        "Learned prefetch profiles this node recorded and stored",
+        Kind::Counter,
+        |s| s.learned_profiles_written,
+    ),
+    (
+        "sealed_learned_profile_write_failures_total",
+        "Learned prefetch profiles that could not be stored",
+        Kind::Counter,
+        |s| s.learned_profile_write_failures,
+    ),
+    (
         "sealed_disk_cache_bytes",
         "Bytes held by the node disk cache",
         Kind::Gauge,
@@ -351,6 +376,10 @@ const MISSES: (&str, &str) = (
     "sealed_cache_misses_total",
     "Chunk lookups a cache tier could not answer (memory, disk)",
 );
+const PROFILES_IGNORED: (&str, &str) = (
+    "sealed_learned_profiles_ignored_total",
+    "Stored learned prefetch profiles not used, by reason (foreign, corrupt, oversized, stale)",
+);
 const CHUNK_FETCH_SECONDS: (&str, &str) = (
     "sealed_chunk_fetch_seconds",
     "Latency of chunk lookups answered by each tier (memory, disk, peer, origin)",
@@ -385,6 +414,12 @@ impl MountCollector {
                 Default::default(),
             )?);
         }
+        descs.push(Desc::new(
+            PROFILES_IGNORED.0.into(),
+            PROFILES_IGNORED.1.into(),
+            vec!["reason".into()],
+            Default::default(),
+        )?);
         descs.push(Desc::new(
             CHUNK_FETCH_SECONDS.0.into(),
             CHUNK_FETCH_SECONDS.1.into(),
@@ -427,6 +462,17 @@ impl MountCollector {
             c.with_label_values(&["disk"]).inc_by(disk);
             families.extend(c.collect());
         }
+        let c = IntCounterVec::new(
+            Opts::new(PROFILES_IGNORED.0, PROFILES_IGNORED.1),
+            &["reason"],
+        )?;
+        for (reason, n) in PROFILE_IGNORE_REASONS
+            .iter()
+            .zip(s.learned_profiles_ignored)
+        {
+            c.with_label_values(&[reason]).inc_by(n);
+        }
+        families.extend(c.collect());
         let c = Counter::new(FETCH_SECONDS.0, FETCH_SECONDS.1)?;
         c.inc_by(s.fetch_latency_us_sum as f64 / 1e6);
         families.extend(c.collect());

@@ -34,6 +34,9 @@ pub const VOLUME_ATTRIBUTE: &str = "volume";
 pub const TAG_ATTRIBUTE: &str = "tag";
 /// What to prefetch on the version's mount: `none | model | all | GLOBS` ([`prefetch_from_context`]).
 pub const PREFETCH_ATTRIBUTE: &str = "prefetch";
+/// `"false"` keeps the version's mount from replaying or recording a learned prefetch profile
+/// ([`learned_prefetch_from_context`]).
+pub const LEARNED_PREFETCH_ATTRIBUTE: &str = "learnedPrefetch";
 /// Set by kubelet on ephemeral inline volumes.
 pub const EPHEMERAL_ATTRIBUTE: &str = "csi.storage.k8s.io/ephemeral";
 
@@ -128,6 +131,7 @@ impl NodeService {
                 namespace,
                 // Checked in `check_publish` already, before any API call.
                 prefetch: prefetch_from_context(&req.volume_context)?,
+                learned_prefetch: learned_prefetch_from_context(&req.volume_context)?,
             })
             .await?;
         // A mount this publish made: its cold start is recorded once its readers go quiet.
@@ -295,6 +299,23 @@ pub fn prefetch_from_context(
     })
 }
 
+/// Whether the volume lets its mount replay and record learned prefetch profiles (attribute
+/// `learnedPrefetch`: `true` or `false`), `None` when unset (the plugin's
+/// `--learned-prefetch` then applies). Anything else is `InvalidArgument`.
+pub fn learned_prefetch_from_context(
+    context: &HashMap<String, String>,
+) -> Result<Option<bool>, CsiError> {
+    match context.get(LEARNED_PREFETCH_ATTRIBUTE).map(|v| v.trim()) {
+        None => Ok(None),
+        Some("true") => Ok(Some(true)),
+        Some("false") => Ok(Some(false)),
+        Some(other) => Err(CsiError::InvalidArgument(format!(
+            "volume attribute '{LEARNED_PREFETCH_ATTRIBUTE}': '{}' is neither true nor false",
+            other.chars().take(64).collect::<String>()
+        ))),
+    }
+}
+
 /// A checked publish request whose version is not resolved yet.
 struct CheckedPublish {
     volume_id: String,
@@ -308,6 +329,7 @@ fn check_publish(req: &NodePublishVolumeRequest) -> Result<CheckedPublish, CsiEr
     check_capability(req.volume_capability.as_ref(), req.readonly)?;
     let version = version_from_context(&req.volume_context)?;
     prefetch_from_context(&req.volume_context)?;
+    learned_prefetch_from_context(&req.volume_context)?;
     let target = PathBuf::from(target);
     if !target.is_absolute() {
         return Err(CsiError::InvalidArgument(format!(
@@ -524,6 +546,22 @@ mod tests {
         ));
         assert!(is_object_name("llama-3.8b") && !is_object_name(&"a".repeat(254)));
         assert!(is_dns_label("ml") && !is_dns_label("m.l") && !is_dns_label(""));
+    }
+
+    #[test]
+    fn learned_prefetch_attribute() {
+        let mut ctx = HashMap::new();
+        assert_eq!(learned_prefetch_from_context(&ctx).unwrap(), None);
+        for (text, want) in [("true", true), ("false", false), (" false ", false)] {
+            ctx.insert(LEARNED_PREFETCH_ATTRIBUTE.into(), text.into());
+            assert_eq!(learned_prefetch_from_context(&ctx).unwrap(), Some(want));
+        }
+        for bad in ["no", "", "FALSE0"] {
+            ctx.insert(LEARNED_PREFETCH_ATTRIBUTE.into(), bad.into());
+            let e = learned_prefetch_from_context(&ctx).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{bad}");
+            assert!(e.to_string().contains("learnedPrefetch"), "{e}");
+        }
     }
 
     #[test]

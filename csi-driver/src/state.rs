@@ -147,15 +147,20 @@ impl Driver {
     }
 
     /// [`Driver::mount_options_for`] with the prefetch a publish asked for (its `prefetch`
-    /// attribute), else the plugin's default (`--prefetch`).
+    /// and `learnedPrefetch` attributes), else the plugin's defaults (`--prefetch`,
+    /// `--learned-prefetch`).
     fn mount_options_with(
         &self,
         digest: &Digest,
         prefetch: Option<&PrefetchSelection>,
+        learned_prefetch: Option<bool>,
     ) -> MountOptions {
         let mut options = self.mount_options_for(digest);
         if let Some(selection) = prefetch {
             options.prefetch = selection.clone();
+        }
+        if let Some(on) = learned_prefetch {
+            options.learned_prefetch = on;
         }
         options
     }

@@ -124,6 +124,17 @@ async fn run(cluster: &sealed_e2e::Cluster, ns: &str, names: &[String]) -> Resul
         common::attestation_secret(&client, ns, "sealed-attestation", &common::key_material())
             .await?;
     let volume = common::sealed_volume(&client, ns, "llama", &[], false).await?;
+    // The API server holds spec.warm.nodes to 0..=1000.
+    let volumes = Api::<sealed_crds::SealedVolume>::namespaced(client.clone(), ns);
+    let too_many = serde_json::json!({"spec": {"warm": {"nodes": 1001}}});
+    let refused = volumes
+        .patch("llama", &PatchParams::default(), &Patch::Merge(&too_many))
+        .await;
+    ensure!(refused.is_err(), "spec.warm.nodes 1001 was accepted");
+    let fine = serde_json::json!({"spec": {"warm": {"nodes": 2}}});
+    volumes
+        .patch("llama", &PatchParams::default(), &Patch::Merge(&fine))
+        .await?;
 
     let token = store.dir.path().join("token");
     std::fs::write(&token, TOKEN)?;

@@ -12,6 +12,11 @@ use std::time::{Duration, Instant};
 
 use crate::metrics::Tier;
 
+/// Readers quiet this long after their first byte: the cold start is over.
+pub const QUIET: Duration = Duration::from_secs(5);
+/// The cold start is over by then however the mount is read (a mount nobody reads included).
+pub const LONGEST: Duration = Duration::from_secs(600);
+
 /// Nanoseconds since the mount began; `NONE` until the event happens.
 const NONE: u64 = u64::MAX;
 
@@ -149,6 +154,13 @@ impl ColdStartSnapshot {
 
     pub fn tier(&self, tier: Tier) -> u64 {
         self.tier_bytes[tier as usize]
+    }
+
+    /// The cold start is over: readers went quiet for [`QUIET`] after reading, or the
+    /// mount is [`LONGEST`] old. (The CSI plugin then records it; the learned prefetch
+    /// writes its profile.)
+    pub fn is_over(&self) -> bool {
+        (self.first_byte.is_some() && self.idle() >= QUIET) || self.age >= LONGEST
     }
 }
 

@@ -2,8 +2,8 @@
 //! drive without a kernel.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
@@ -14,6 +14,7 @@ use tokio::sync::Semaphore;
 use crate::cold_start::ColdStart;
 use crate::error::{FetchError, FsError};
 use crate::fetch::NodeCache;
+use crate::learned::ProfileRecorder;
 use crate::limits::MountLimits;
 use crate::metrics::MountMetrics;
 use crate::peer::Route;
@@ -50,6 +51,8 @@ pub struct SealedFs {
     model: ModelPrefetch,
     /// This mount's own numbers: time to first byte, bytes read, bytes per tier.
     cold_start: Arc<ColdStart>,
+    /// Set when this mount records the learned prefetch profile (`crate::learned`).
+    recorder: OnceLock<ProfileRecorder>,
 }
 
 /// Handle numbers start from the clock, so that a process that resumed a mount does not hand
@@ -89,6 +92,7 @@ impl SealedFs {
             fetch_slots: Arc::new(Semaphore::new(per_mount)),
             model: ModelPrefetch::new(per_mount),
             cold_start: Arc::new(ColdStart::default()),
+            recorder: OnceLock::new(),
         }
     }
 
@@ -113,6 +117,21 @@ impl SealedFs {
     /// This mount's cold-start record ([`ColdStart`]).
     pub fn cold_start(&self) -> &Arc<ColdStart> {
         &self.cold_start
+    }
+
+    /// Starts recording readers' first asks for the learned prefetch profile; `None` if a
+    /// recording was started before.
+    pub(crate) fn start_recording(&self) -> Option<&ProfileRecorder> {
+        let mut fresh = false;
+        let recorder = self.recorder.get_or_init(|| {
+            fresh = true;
+            ProfileRecorder::new(self.digest)
+        });
+        fresh.then_some(recorder)
+    }
+
+    pub(crate) fn recorder(&self) -> Option<&ProfileRecorder> {
+        self.recorder.get()
     }
 
     pub(crate) fn model_prefetch(&self) -> &ModelPrefetch {
@@ -321,7 +340,7 @@ impl SealedFs {
         offset: u64,
         size: u32,
     ) -> Result<Bytes, FsError> {
-        let result = self.read_inner(ino, fh, offset, size).await;
+        let result = self.read_inner(ino, fh, offset, size, true).await;
         match &result {
             Ok(data) => {
                 MountMetrics::add(&self.metrics().bytes_read, data.len() as u64);
@@ -345,7 +364,7 @@ impl SealedFs {
         offset: u64,
         size: u32,
     ) -> Result<Bytes, FsError> {
-        self.read_inner(ino, None, offset, size).await
+        self.read_inner(ino, None, offset, size, false).await
     }
 
     async fn read_inner(
@@ -354,6 +373,7 @@ impl SealedFs {
         fh: Option<u64>,
         offset: u64,
         size: u32,
+        reader: bool,
     ) -> Result<Bytes, FsError> {
         let (file, starts) = match &self.tree.slot(ino).ok_or(FsError::NotFound)?.node {
             Node::File { file, starts } => (file, starts),
@@ -369,6 +389,9 @@ impl SealedFs {
         let end = offset.saturating_add(u64::from(size)).min(file.size);
         let range = chunk_range(starts, offset, end);
         let wanted = file.chunks.get(range.clone()).unwrap_or_default();
+        if reader && let Some(recorder) = self.recorder.get() {
+            recorder.record(wanted);
+        }
         // At most `fetches_per_read` chunks at once, in order: a read over a million tiny
         // chunks must not start a million fetches. Each chunk's bytes are verified against
         // its digest and its declared length (`NodeCache::get`), so the offsets below hold;

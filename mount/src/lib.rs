@@ -25,6 +25,7 @@ pub mod fs;
 pub mod fuse;
 pub mod hydrate;
 mod io_modes;
+mod learned;
 pub mod limits;
 mod lru;
 pub mod metrics;

@@ -66,8 +66,8 @@ pub struct MountMetrics {
     /// that failed (a chunk failed or the whole-file BLAKE3 did not match: nothing kept).
     pub files_hydrated: AtomicU64,
     pub hydration_failures: AtomicU64,
-    /// Chunks the model-aware and learned prefetch fetched ahead of readers (chunks already
-    /// local or in flight are not counted).
+    /// Chunks the model-aware prefetch fetched ahead of readers (chunks already local or in
+    /// flight are not counted).
     pub model_prefetch_chunks: AtomicU64,
     /// Model files (`*.safetensors`, `*.gguf`) whose model-aware prefetch started fetching,
     /// once per file per mount (again after a failed attempt).
@@ -75,9 +75,22 @@ pub struct MountMetrics {
     /// Model headers refused (malformed, out of bounds, over a cap): those files were
     /// prefetched in plain order instead.
     pub model_header_failures: AtomicU64,
+    /// Learned prefetch (`crate::learned`): stored profiles replayed by mounts, chunks they
+    /// fetched ahead of readers (chunks already local or in flight are not counted), profiles
+    /// this node recorded and stored (first writer only), and stores that failed.
+    pub learned_profiles_replayed: AtomicU64,
+    pub learned_prefetch_chunks: AtomicU64,
+    pub learned_profiles_written: AtomicU64,
+    pub learned_profile_write_failures: AtomicU64,
+    /// Stored profiles not used, by [`PROFILE_IGNORE_REASONS`].
+    pub learned_profiles_ignored: [AtomicU64; 4],
     /// Latency of chunk lookups answered by each tier ([`Tier`]), successful ones only.
     pub chunk_fetch_seconds: [LatencyHistogram; 4],
 }
+
+/// Why a stored learned prefetch profile was not used (`ProfileError::reason`), as the
+/// `reason` label of `sealed_learned_profiles_ignored_total`.
+pub const PROFILE_IGNORE_REASONS: [&str; 4] = ["foreign", "corrupt", "oversized", "stale"];
 
 /// The tiers a chunk comes from, as the `tier` label of `sealed_chunk_fetch_seconds`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -190,6 +203,12 @@ pub struct MetricsSnapshot {
     pub model_prefetch_chunks: u64,
     pub model_prefetch_files: u64,
     pub model_header_failures: u64,
+    pub learned_profiles_replayed: u64,
+    pub learned_prefetch_chunks: u64,
+    pub learned_profiles_written: u64,
+    pub learned_profile_write_failures: u64,
+    /// By [`PROFILE_IGNORE_REASONS`].
+    pub learned_profiles_ignored: [u64; 4],
 }
 
 impl MountMetrics {
@@ -248,7 +267,21 @@ impl MountMetrics {
             model_prefetch_chunks: g(&self.model_prefetch_chunks),
             model_prefetch_files: g(&self.model_prefetch_files),
             model_header_failures: g(&self.model_header_failures),
+            learned_profiles_replayed: g(&self.learned_profiles_replayed),
+            learned_prefetch_chunks: g(&self.learned_prefetch_chunks),
+            learned_profiles_written: g(&self.learned_profiles_written),
+            learned_profile_write_failures: g(&self.learned_profile_write_failures),
+            learned_profiles_ignored: self.learned_profiles_ignored.each_ref().map(g),
         }
+    }
+
+    /// A stored profile was ignored for `reason` (one of [`PROFILE_IGNORE_REASONS`]).
+    pub(crate) fn count_ignored_profile(&self, reason: &str) {
+        let slot = PROFILE_IGNORE_REASONS
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(1);
+        Self::inc(&self.learned_profiles_ignored[slot]);
     }
 
     /// The chunk-fetch latency histogram of one tier.

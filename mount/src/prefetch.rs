@@ -470,7 +470,7 @@ pub(crate) fn chunk_order(starts: &[u64], layout: Option<&ModelLayout>) -> Vec<u
 /// Makes sure one chunk is local ahead of readers: skipped if it is on disk, in memory or in
 /// flight; else fetched (onto disk, or into memory without a disk tier) holding a model slot
 /// and a fetch slot of the mount. True if it was fetched.
-async fn fetch_ahead(fs: &SealedFs, chunk: ChunkRef) -> Result<bool, FetchError> {
+pub(crate) async fn fetch_ahead(fs: &SealedFs, chunk: ChunkRef) -> Result<bool, FetchError> {
     let cache = fs.cache();
     if cache.is_local_or_coming(&chunk.digest) {
         return Ok(false);

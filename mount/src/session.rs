@@ -17,6 +17,7 @@ use crate::error::MountError;
 use crate::fetch::NodeCache;
 use crate::fs::SealedFs;
 use crate::fuse::FuseAdapter;
+use crate::learned::LearnedPrefetch;
 use crate::limits::MountLimits;
 use crate::metrics::MountMetrics;
 use crate::prefetch::PrefetchSelection;
@@ -54,6 +55,10 @@ pub struct MountOptions {
     /// server that resumes it must inherit (`crate::io_modes`). Without it a resumed mount
     /// cannot know the previous server's modes and serves every read itself.
     pub io_mode_record: Option<PathBuf>,
+    /// Learned prefetch (`crate::learned`): replay the version's stored profile, or record
+    /// one from this mount's first reads and store it. A resumed mount does neither. Off in
+    /// the library's default; `sealed mount` and the CSI plugin turn it on unless told not to.
+    pub learned_prefetch: bool,
 }
 
 impl Default for MountOptions {
@@ -69,6 +74,7 @@ impl Default for MountOptions {
             limits: MountLimits::default(),
             passthrough: true,
             io_mode_record: None,
+            learned_prefetch: false,
         }
     }
 }
@@ -85,6 +91,7 @@ pub struct MountHandle {
     ended: watch::Receiver<bool>,
     /// The prefetches this mount runs, aborted when the mount ends.
     prefetch: Prefetches,
+    learned: Option<LearnedPrefetch>,
     device: Option<u64>,
     ready_in: Duration,
 }
@@ -259,6 +266,10 @@ impl MountHandle {
         })??;
         // Chunks fetched so far land in the disk cache for the next process.
         let _ = tokio::time::timeout(Duration::from_secs(10), self.fs.cache().flush()).await;
+        // Every read is in: a recording under way is stored now.
+        if let Some(learned) = self.learned.take() {
+            learned.finish(&self.fs).await;
+        }
         // The serving threads end once the kernel closes the connection.
         let wait = self.ended.wait_for(|ended| *ended);
         let limit = if detached {
@@ -576,6 +587,8 @@ async fn start(
 
     let prefetching = Prefetches::new(options.prefetch_concurrency);
     prefetching.add(&fs, &options.prefetch);
+    let learned =
+        (options.learned_prefetch && !resumed).then(|| LearnedPrefetch::start(fs.clone()));
     tracing::info!(
         %digest,
         mountpoint = %mountpoint.display(),
@@ -593,6 +606,7 @@ async fn start(
         thread: Some(thread),
         ended,
         prefetch: prefetching,
+        learned,
         device,
         ready_in,
     })

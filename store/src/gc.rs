@@ -8,7 +8,8 @@
 //! 3. delete expired trash entries (`trash/<hex>` then `trash/<hex>.json`);
 //! 4. mark the chunks of every manifest under `manifests/` and every trash manifest left;
 //! 5. sweep chunks neither marked nor younger than `started - grace`, in batches, each only
-//!    while the marker is known to be unexpired;
+//!    while the marker is known to be unexpired, then the learned prefetch profiles of
+//!    versions neither live nor restorable (also past the grace);
 //! 6. remove the marker.
 //!
 //! A dry run takes no marker and deletes nothing; it reports what a collection would do now.
@@ -89,6 +90,9 @@ pub struct GcReport {
     pub chunks_in_grace: u64,
     pub chunks_deleted: u64,
     pub bytes_freed: u64,
+    /// Learned prefetch profiles of versions that are neither live nor restorable, removed
+    /// (or, dry run, that would be).
+    pub profiles_deleted: u64,
     /// Expired lease objects of crashed writers that were removed.
     pub stale_leases_removed: u64,
 }
@@ -258,10 +262,12 @@ async fn run(
     // 4. Mark. Every manifest left in the store or the trash keeps all its chunks; one that
     //    cannot be read stops the collection (we cannot know what it names).
     let mut marked: HashSet<Digest> = HashSet::new();
+    let mut live: HashSet<Digest> = HashSet::new();
     for meta in list_prefix(store, Prefix::Manifests).await? {
         let Some(digest) = layout::parse_manifest_key(&meta.location) else {
             continue;
         };
+        live.insert(digest);
         let manifest = match store.get_manifest(&digest).await {
             Ok(m) => m,
             // Deleted to the trash since the listing (only possible in a dry run): the trash
@@ -312,9 +318,23 @@ async fn run(
         }
         doomed.push(meta);
     }
+    // A profile only orders fetches of its version's chunks: it goes with the version (a
+    // restorable one keeps it). Young ones stay, as chunks do: a mount may be writing one
+    // for a version deleted since the listing above.
+    let orphan_profiles: Vec<ObjectPath> = list_prefix(store, Prefix::Profiles)
+        .await?
+        .into_iter()
+        .filter(|meta| {
+            layout::parse_profile_key(&meta.location).is_some_and(|d| {
+                !live.contains(&d) && !trash_manifests.contains(&d) && meta.last_modified < cutoff
+            })
+        })
+        .map(|meta| meta.location)
+        .collect();
     if marker.is_none() {
         report.chunks_deleted = doomed.len() as u64;
         report.bytes_freed = doomed.iter().map(|m| m.size).sum();
+        report.profiles_deleted = orphan_profiles.len() as u64;
         return Ok(());
     }
     let sizes: HashMap<ObjectPath, u64> = doomed
@@ -332,6 +352,11 @@ async fn run(
                 report.bytes_freed += sizes.get(&path).copied().unwrap_or(0);
             }
         }
+    }
+    for key in orphan_profiles {
+        fence("removing orphaned profiles")?;
+        store.delete_if_exists(&key).await?;
+        report.profiles_deleted += 1;
     }
     Ok(())
 }

@@ -41,6 +41,7 @@ pub enum Prefix {
     Volumes,
     Trash,
     Leases,
+    Profiles,
 }
 
 impl Prefix {
@@ -51,6 +52,7 @@ impl Prefix {
             Prefix::Volumes => VOLUMES,
             Prefix::Trash => TRASH,
             Prefix::Leases => LEASES,
+            Prefix::Profiles => PROFILES,
         })
     }
 }

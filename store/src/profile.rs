@@ -14,7 +14,7 @@
 //!        | BLAKE3 of everything before [32]
 //! ```
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 use crate::digest::Digest;
 use crate::manifest::Manifest;
@@ -147,28 +147,33 @@ impl Profile {
     /// Checks every entry is a chunk of `manifest` (whose digest is `self.manifest`) and
     /// that there are no more entries than it has chunks.
     pub fn check_against(&self, manifest: &Manifest) -> Result<(), ProfileError> {
-        let known: HashSet<Digest> = manifest
+        let known: HashMap<Digest, ()> = manifest
             .files()
-            .flat_map(|(_, f)| f.chunks.iter().map(|c| c.digest))
+            .flat_map(|(_, f)| f.chunks.iter().map(|c| (c.digest, ())))
             .collect();
+        self.resolve(&known).map(drop)
+    }
+
+    /// The entries looked up in `known` (a version's chunks by digest), in profile order:
+    /// [`ProfileError::Stale`] at the first entry that is not there, and `Corrupt` when
+    /// there are more entries than `known` has chunks (a profile names each chunk once).
+    pub fn resolve<T: Copy>(&self, known: &HashMap<Digest, T>) -> Result<Vec<T>, ProfileError> {
         if self.chunks.len() > known.len() {
             return Err(ProfileError::Corrupt(
                 "more entries than the manifest has chunks",
             ));
         }
-        match self
-            .chunks
+        self.chunks
             .iter()
             .enumerate()
-            .find(|(_, c)| !known.contains(c))
-        {
-            Some((index, chunk)) => Err(ProfileError::Stale {
-                manifest: self.manifest,
-                index,
-                chunk: *chunk,
-            }),
-            None => Ok(()),
-        }
+            .map(|(index, chunk)| {
+                known.get(chunk).copied().ok_or(ProfileError::Stale {
+                    manifest: self.manifest,
+                    index,
+                    chunk: *chunk,
+                })
+            })
+            .collect()
     }
 }
 

@@ -18,7 +18,7 @@ use sealed_store::layout;
 use sealed_store::lease::{LeaseOptions, list_leases};
 use sealed_store::push::{PushOptions, push};
 use sealed_store::trash::{list_trash, restore_version, trash_version};
-use sealed_store::{ChunkStore, Digest, Error, NoProgress, WriterLease};
+use sealed_store::{ChunkStore, Digest, Error, NoProgress, Profile, WriterLease};
 use support::*;
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -229,13 +229,26 @@ async fn expired_trash_reclaimed_on(store: &ChunkStore) {
     let only_a: Vec<Digest> = ca.iter().filter(|c| !shared.contains(c)).copied().collect();
     assert_eq!(shared.len(), 1);
     assert_eq!(only_a.len(), 1);
+    // Both versions were mounted: each has a learned prefetch profile.
+    for (digest, chunks) in [(da, &ca), (db, &cb)] {
+        let profile = Profile {
+            manifest: digest,
+            chunks: chunks.clone(),
+        };
+        assert!(store.put_profile(&profile).await.unwrap());
+    }
+    let has_profile =
+        |d: Digest| async move { store.get_profile_bytes(&d).await.unwrap().is_some() };
 
     trash_version(store, &da, HOUR).await.unwrap();
 
-    // Before expiry nothing goes, even with no grace.
+    // Before expiry nothing goes, even with no grace: the restorable version keeps its
+    // profile too.
     let report = collect(store, &gc_now(Duration::ZERO)).await.unwrap();
     assert_eq!((report.trash_expired, report.chunks_deleted), (0, 0));
     assert_eq!(report.manifests_scanned, 1);
+    assert_eq!(report.profiles_deleted, 0, "{report:?}");
+    assert!(has_profile(da).await);
 
     // Two hours on: the trash entry expires and A's own chunk goes; the shared one stays.
     let later = GcOptions {
@@ -247,6 +260,10 @@ async fn expired_trash_reclaimed_on(store: &ChunkStore) {
     assert_eq!(report.expired_versions, vec![da]);
     assert_eq!(report.chunks_deleted, 1, "{report:?}");
     assert_eq!(report.bytes_freed, 60_000);
+    // The reclaimed version's profile goes with it; the live one's stays.
+    assert_eq!(report.profiles_deleted, 1, "{report:?}");
+    assert!(!has_profile(da).await);
+    assert!(has_profile(db).await);
     assert_eq!(present(store, &only_a).await, 0);
     assert_eq!(present(store, &cb).await, cb.len());
     assert!(list_trash(store).await.unwrap().is_empty());
@@ -259,6 +276,7 @@ async fn expired_trash_reclaimed_on(store: &ChunkStore) {
     // A second collection finds nothing more to do.
     let report = collect(store, &later).await.unwrap();
     assert_eq!((report.trash_expired, report.chunks_deleted), (0, 0));
+    assert_eq!(report.profiles_deleted, 0);
 }
 
 #[tokio::test]

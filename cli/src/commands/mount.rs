@@ -50,6 +50,13 @@ pub struct MountArgs {
     /// after mounting; or model with globs ('model,*.json')
     #[arg(long, default_value = "none")]
     pub prefetch: String,
+    /// Neither replay the version's learned prefetch profile nor record one. By default a
+    /// mount of a version without a profile records the order its readers first ask for
+    /// chunks and stores it beside the manifest when they go quiet (or at unmount); a later
+    /// mount with a disk cache fetches those chunks in that order, many at once, before they
+    /// are asked for
+    #[arg(long)]
+    pub no_learned_prefetch: bool,
     /// FUSE worker threads
     #[arg(long, default_value_t = 4)]
     pub threads: usize,
@@ -169,6 +176,7 @@ async fn serve(ctx: &Context, args: MountArgs) -> anyhow::Result<ExitCode> {
         },
         prefetch,
         threads: args.threads.max(1),
+        learned_prefetch: !args.no_learned_prefetch,
         ..MountOptions::default()
     };
     let peer = start_peer_tier(&args.peer, &cache, &store).await?;

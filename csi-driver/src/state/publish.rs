@@ -28,6 +28,9 @@ pub struct Publish {
     /// The volume's `prefetch` attribute, if set (else the plugin's `--prefetch`). Selections
     /// of the publishes of one version add up on its shared mount (docs/csi.md).
     pub prefetch: Option<PrefetchSelection>,
+    /// The volume's `learnedPrefetch` attribute, if set (else the plugin's
+    /// `--learned-prefetch`). The publish that makes a version's shared mount decides.
+    pub learned_prefetch: Option<bool>,
 }
 
 /// What a published volume looks like, for `NodeGetVolumeStats`.
@@ -68,7 +71,7 @@ impl Driver {
             }
         }
         let handle = self
-            .mount_version(&req.digest, req.prefetch.as_ref())
+            .mount_version(&req.digest, req.prefetch.as_ref(), req.learned_prefetch)
             .await?;
         let cold_start = handle.cold_start().clone();
         // Best effort: a mount the holder lacks is counted (and retried) by `refresh_holder`.
@@ -252,6 +255,7 @@ impl Driver {
         &self,
         digest: &Digest,
         prefetch: Option<&PrefetchSelection>,
+        learned_prefetch: Option<bool>,
     ) -> Result<MountHandle, CsiError> {
         let manifest = match self.manifests.read(digest) {
             Some(bytes) => bytes,
@@ -279,7 +283,7 @@ impl Driver {
                 manifest,
                 &dir,
                 self.cache.clone(),
-                self.mount_options_with(digest, prefetch),
+                self.mount_options_with(digest, prefetch, learned_prefetch),
             )
             .await?;
             Ok(handle)

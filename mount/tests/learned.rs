@@ -1,0 +1,295 @@
+//! Learned prefetch on real FUSE mounts: a first mount records the order its readers asked
+//! for chunks and stores the profile at unmount; a mount on another node (another disk
+//! cache) fetches exactly those chunks before anything is read; opting out records nothing;
+//! foreign, stale, corrupt and oversized profiles are ignored, counted by reason, fetch
+//! nothing and change no byte read.
+
+mod common;
+
+use std::collections::HashSet;
+use std::io::Read;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use object_store::PutPayload;
+use sealed_mount::metrics::PROFILE_IGNORE_REASONS;
+use sealed_mount::{MountHandle, MountOptions, NodeCache, NodeCacheOptions, ReadaheadPolicy};
+use sealed_store::profile::MAX_PROFILE_BYTES;
+use sealed_store::{ChunkStore, Digest, EntryKind, Manifest, Profile, layout};
+
+fn fuse_available() -> bool {
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!("SKIPPED: /dev/fuse is absent, so no FUSE mount can be made here");
+        return false;
+    }
+    true
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A node: its own disk cache.
+fn node_cache(dir: &Path) -> NodeCache {
+    NodeCache::new(&NodeCacheOptions {
+        disk_dir: Some(dir.to_path_buf()),
+        disk_bytes: 1 << 30,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+/// Daemon readahead off, so that what arrives ahead of a reader is the learned prefetch's.
+fn options(learned: bool) -> MountOptions {
+    MountOptions {
+        readahead: ReadaheadPolicy { initial: 0, max: 0 },
+        kernel_readahead_kb: None,
+        learned_prefetch: learned,
+        ..MountOptions::default()
+    }
+}
+
+fn mount(
+    rt: &tokio::runtime::Runtime,
+    store: &ChunkStore,
+    digest: Digest,
+    dir: &Path,
+    cache: NodeCache,
+    learned: bool,
+) -> MountHandle {
+    rt.block_on(MountHandle::spawn(
+        store.clone(),
+        digest,
+        dir,
+        cache,
+        options(learned),
+    ))
+    .unwrap()
+}
+
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn chunks_of(manifest: &Manifest, rel: &str) -> Vec<Digest> {
+    manifest
+        .entries
+        .iter()
+        .find_map(|e| match &e.kind {
+            EntryKind::File(f) if e.path == rel => {
+                Some(f.chunks.iter().map(|c| c.digest).collect())
+            }
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("{rel} is in the version"))
+}
+
+/// What the workload reads: all of small.bin, then the first MiB of model-00001.bin.
+fn workload(dir: &Path, src: &Path) {
+    let small = std::fs::read(dir.join("weights/small.bin")).unwrap();
+    assert_eq!(small, std::fs::read(src.join("weights/small.bin")).unwrap());
+    let mut head = vec![0u8; 1 << 20];
+    std::fs::File::open(dir.join("weights/model-00001.bin"))
+        .unwrap()
+        .read_exact(&mut head)
+        .unwrap();
+    let want = std::fs::read(src.join("weights/model-00001.bin")).unwrap();
+    assert_eq!(head, want[..1 << 20]);
+}
+
+fn stored_profile(
+    rt: &tokio::runtime::Runtime,
+    store: &ChunkStore,
+    digest: &Digest,
+) -> Option<Profile> {
+    rt.block_on(store.get_profile_bytes(digest))
+        .unwrap()
+        .map(|b| Profile::decode(&b, digest).expect("a well-formed profile"))
+}
+
+#[test]
+fn a_first_mount_records_and_another_node_replays_before_anything_is_read() {
+    if !fuse_available() {
+        return;
+    }
+    let rt = runtime();
+    let fx = rt.block_on(fixture());
+    let manifest = rt.block_on(fx.store.get_manifest(&fx.digest)).unwrap();
+    let small = chunks_of(&manifest, "weights/small.bin");
+    let model = chunks_of(&manifest, "weights/model-00001.bin");
+    let work = tempfile::tempdir().unwrap();
+    let (mnt_a, mnt_b) = (work.path().join("a"), work.path().join("b"));
+    std::fs::create_dir_all(&mnt_a).unwrap();
+    std::fs::create_dir_all(&mnt_b).unwrap();
+
+    // Node A: the first mount of the version records what its reader asks for.
+    let cache_a = node_cache(&work.path().join("cache-a"));
+    let a = mount(&rt, &fx.store, fx.digest, &mnt_a, cache_a.clone(), true);
+    workload(&mnt_a, &fx.src);
+    rt.block_on(a.unmount()).unwrap();
+    assert_eq!(cache_a.metrics().snapshot().learned_profiles_written, 1);
+    let profile = stored_profile(&rt, &fx.store, &fx.digest).expect("stored at unmount");
+    // small.bin's chunks first, in file order, then model-00001.bin's first chunk; nothing
+    // of files that were never read.
+    assert_eq!(profile.chunks[..small.len()], small[..], "{profile:?}");
+    assert_eq!(profile.chunks.get(small.len()), model.first());
+    let read: HashSet<Digest> = small.iter().chain(&model).copied().collect();
+    assert!(
+        profile.chunks.iter().all(|c| read.contains(c)),
+        "{profile:?}"
+    );
+    assert!(
+        profile.chunks.len() < small.len() + model.len(),
+        "only the first MiB of the model was read: {} entries",
+        profile.chunks.len()
+    );
+
+    // Node B: its own cache; before any read, exactly the profile's chunks are fetched.
+    let (faulty_b, store_b) = faulty(&fx.store);
+    let cache_b = node_cache(&work.path().join("cache-b"));
+    let b = mount(&rt, &store_b, fx.digest, &mnt_b, cache_b.clone(), true);
+    let m = cache_b.metrics();
+    wait_for("the replay", || {
+        m.snapshot().learned_prefetch_chunks == profile.chunks.len() as u64
+    });
+    assert_eq!(m.snapshot().learned_profiles_replayed, 1);
+    assert_eq!(
+        faulty_b.gets(),
+        profile.chunks.len() as u64,
+        "each profile chunk fetched once"
+    );
+    // The same workload now reads only local chunks: not one more GET.
+    workload(&mnt_b, &fx.src);
+    assert_eq!(
+        faulty_b.gets(),
+        profile.chunks.len() as u64,
+        "the reads waited on nothing"
+    );
+    rt.block_on(b.unmount()).unwrap();
+    assert_eq!(
+        m.snapshot().learned_profiles_written,
+        0,
+        "a replaying mount records nothing"
+    );
+    assert_eq!(
+        stored_profile(&rt, &fx.store, &fx.digest),
+        Some(profile),
+        "first writer wins"
+    );
+}
+
+#[test]
+fn a_mount_that_opts_out_records_nothing() {
+    if !fuse_available() {
+        return;
+    }
+    let rt = runtime();
+    let fx = rt.block_on(fixture());
+    let work = tempfile::tempdir().unwrap();
+    let mnt = work.path().join("m");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let cache = node_cache(&work.path().join("cache"));
+    let handle = mount(&rt, &fx.store, fx.digest, &mnt, cache.clone(), false);
+    workload(&mnt, &fx.src);
+    rt.block_on(handle.unmount()).unwrap();
+    assert_eq!(stored_profile(&rt, &fx.store, &fx.digest), None);
+    assert_eq!(cache.metrics().snapshot().learned_profiles_written, 0);
+}
+
+#[test]
+fn foreign_stale_corrupt_and_oversized_profiles_are_ignored() {
+    if !fuse_available() {
+        return;
+    }
+    let rt = runtime();
+    let fx = rt.block_on(fixture());
+    let manifest = rt.block_on(fx.store.get_manifest(&fx.digest)).unwrap();
+    let real = chunks_of(&manifest, "weights/model-00001.bin");
+    let foreign = Profile {
+        manifest: Digest::of(b"another version"),
+        chunks: real.clone(),
+    };
+    let mut stale_chunks = real.clone();
+    stale_chunks.insert(1, Digest::of(b"a chunk of another version"));
+    let stale = Profile {
+        manifest: fx.digest,
+        chunks: stale_chunks,
+    };
+    let mut corrupt = Profile {
+        manifest: fx.digest,
+        chunks: real,
+    }
+    .encode();
+    let last = corrupt.len() - 40;
+    corrupt[last] ^= 1;
+    let oversized = vec![0u8; usize::try_from(MAX_PROFILE_BYTES).unwrap() + 1];
+    let work = tempfile::tempdir().unwrap();
+    for (reason, bytes) in [
+        ("foreign", foreign.encode()),
+        ("stale", stale.encode()),
+        ("corrupt", corrupt),
+        ("oversized", oversized),
+    ] {
+        let key = layout::profile_key(&fx.digest);
+        rt.block_on(
+            fx.store
+                .object_store()
+                .put(&key, PutPayload::from(bytes.clone())),
+        )
+        .unwrap();
+        let (faulty_store, store) = faulty(&fx.store);
+        let mnt = work.path().join(reason);
+        std::fs::create_dir_all(&mnt).unwrap();
+        let cache = node_cache(&work.path().join(format!("cache-{reason}")));
+        let handle = mount(&rt, &store, fx.digest, &mnt, cache.clone(), true);
+        let slot = PROFILE_IGNORE_REASONS
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap();
+        wait_for(reason, || {
+            cache.metrics().snapshot().learned_profiles_ignored[slot] == 1
+        });
+        assert_eq!(
+            faulty_store.gets(),
+            0,
+            "{reason}: the profile fetched nothing"
+        );
+        let s = cache.metrics().snapshot();
+        assert_eq!(
+            (s.learned_profiles_replayed, s.learned_prefetch_chunks),
+            (0, 0),
+            "{reason}"
+        );
+        // Reads are the version's bytes, whatever the profile said.
+        for rel in ["weights/model-00001.bin", "tiny.txt"] {
+            assert_eq!(
+                std::fs::read(mnt.join(rel)).unwrap(),
+                std::fs::read(fx.src.join(rel)).unwrap(),
+                "{reason}: {rel}"
+            );
+        }
+        rt.block_on(handle.unmount()).unwrap();
+        // Nothing recorded over it, nothing else counted.
+        let stored = rt.block_on(fx.store.object_store().get(&key)).unwrap();
+        assert_eq!(rt.block_on(stored.bytes()).unwrap(), bytes, "{reason}");
+        let ignored: u64 = cache
+            .metrics()
+            .snapshot()
+            .learned_profiles_ignored
+            .iter()
+            .sum();
+        assert_eq!(ignored, 1, "{reason}");
+    }
+}
