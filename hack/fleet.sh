@@ -38,23 +38,9 @@ up() {
   [[ $(id -u) -eq 0 && -e /dev/fuse ]] || die "needs root and /dev/fuse"
   [[ -x $SEALED ]] || die "$SEALED missing: cargo build -p sealed-cli"
   [[ -e $W/pids ]] && die "a fleet is up in $W: hack/fleet.sh down first"
-  mkdir -p "$W/s3/$BUCKET" "$W/src"
+  mkdir -p "$W/src"
   : >"$W/pids"
-  s3s-fs --host 127.0.0.1 --port "$S3_PORT" --access-key "$AWS_ACCESS_KEY_ID" \
-    --secret-key "$AWS_SECRET_ACCESS_KEY" "$W/s3" >"$W/s3s-fs.log" 2>&1 &
-  echo $! >>"$W/pids"
-  toxiproxy-server -host 127.0.0.1 -port "$TOXI_PORT" >"$W/toxiproxy.log" 2>&1 &
-  echo $! >>"$W/pids"
-  for _ in $(seq 50); do
-    toxiproxy-cli -h "127.0.0.1:$TOXI_PORT" list >/dev/null 2>&1 && break
-    sleep 0.1
-  done
-  toxiproxy-cli -h "127.0.0.1:$TOXI_PORT" create -l "127.0.0.1:$PROXY_PORT" \
-    -u "127.0.0.1:$S3_PORT" origin >/dev/null
-  toxiproxy-cli -h "127.0.0.1:$TOXI_PORT" toxic add -t latency -a "latency=$LATENCY" \
-    -n down origin >/dev/null
-  toxiproxy-cli -h "127.0.0.1:$TOXI_PORT" toxic add -t latency -a "latency=$LATENCY" \
-    -u -n up origin >/dev/null
+  slow_origin_up "$W" "$BUCKET" "$S3_PORT" "$PROXY_PORT" "$TOXI_PORT" "$LATENCY"
   if [[ ! -e $W/digest ]]; then
     log "a $mib MiB version (4 files of random bytes)"
     for i in 0 1 2 3; do
