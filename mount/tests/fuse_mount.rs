@@ -16,22 +16,6 @@ use sealed_store::{
     ChunkParams, ChunkRef, ChunkStore, Digest, Entry, EntryKind, FileEntry, Manifest,
 };
 
-fn fuse_available() -> bool {
-    if !Path::new("/dev/fuse").exists() {
-        eprintln!("SKIPPED: /dev/fuse is absent, so no FUSE mount can be made here");
-        return false;
-    }
-    true
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 fn is_mounted(dir: &Path) -> bool {
     let dir = fs::canonicalize(dir).unwrap();
     fs::read_to_string("/proc/self/mountinfo")

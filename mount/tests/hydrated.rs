@@ -15,22 +15,6 @@ use common::*;
 use sealed_mount::{MountHandle, MountOptions, NodeCache, NodeCacheOptions};
 use sealed_store::EntryKind;
 
-fn fuse_available() -> bool {
-    if !Path::new("/dev/fuse").exists() {
-        eprintln!("SKIPPED: /dev/fuse is absent, so no FUSE mount can be made here");
-        return false;
-    }
-    true
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 fn disk_cache(dir: &Path, bytes: u64) -> NodeCache {
     NodeCache::new(&NodeCacheOptions {
         disk_dir: Some(dir.to_path_buf()),

@@ -18,22 +18,6 @@ use sealed_mount::{MountHandle, MountOptions, NodeCache, NodeCacheOptions, Reada
 use sealed_store::profile::MAX_PROFILE_BYTES;
 use sealed_store::{ChunkStore, Digest, EntryKind, Manifest, Profile, layout};
 
-fn fuse_available() -> bool {
-    if !Path::new("/dev/fuse").exists() {
-        eprintln!("SKIPPED: /dev/fuse is absent, so no FUSE mount can be made here");
-        return false;
-    }
-    true
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 /// A node: its own disk cache.
 fn node_cache(dir: &Path) -> NodeCache {
     NodeCache::new(&NodeCacheOptions {

@@ -335,22 +335,6 @@ impl Version {
     }
 }
 
-fn fuse_available() -> bool {
-    if !Path::new("/dev/fuse").exists() {
-        eprintln!("SKIPPED: /dev/fuse is absent, so no FUSE mount can be made here");
-        return false;
-    }
-    true
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 fn disk_cache(dir: &Path) -> NodeCache {
     NodeCache::new(&NodeCacheOptions {
         disk_dir: Some(dir.to_path_buf()),

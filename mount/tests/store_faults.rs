@@ -11,6 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::runtime;
 use common::s3::MiniS3;
 use sealed_mount::tree::ROOT_INO;
 use sealed_mount::{
@@ -18,14 +19,6 @@ use sealed_mount::{
     ReadaheadPolicy, SealedFs, Tree,
 };
 use sealed_store::{ChunkParams, ChunkRef, ChunkStore, Digest, Entry, EntryKind, Manifest};
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 /// `content` cut into chunks of `chunk_len` bytes, each stored on the server.
 fn chunked(server: &MiniS3, path: &str, content: &[u8], chunk_len: usize) -> Entry {

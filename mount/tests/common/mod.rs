@@ -20,6 +20,24 @@ use rand::{Rng, SeedableRng};
 use sealed_store::push::{PushOptions, push};
 use sealed_store::{ChunkStore, Digest, NoProgress};
 
+/// True where FUSE mounts can be made; otherwise says why the test is skipped.
+pub fn fuse_available() -> bool {
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!("SKIPPED: /dev/fuse is absent, so no FUSE mount can be made here");
+        return false;
+    }
+    true
+}
+
+/// The multi-threaded runtime the FUSE tests serve their mounts on.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
 /// Deterministic pseudo-random bytes (incompressible, so chunking cuts real chunks).
 pub fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
