@@ -137,6 +137,8 @@ struct Inner {
     /// Other nodes' caches, asked between the disk and the store (`crate::peer`).
     peers: OnceLock<Arc<dyn PeerTier>>,
     assembling: Mutex<std::collections::HashSet<Digest>>,
+    /// [`NodeCache::readahead_ceiling`].
+    readahead_ceiling: Option<u64>,
 }
 
 /// The node's cache tiers and fetch machinery. Cheap to clone.
@@ -165,12 +167,23 @@ impl NodeCache {
                 writes_done: Notify::new(),
                 peers: OnceLock::new(),
                 assembling: Mutex::new(std::collections::HashSet::new()),
+                readahead_ceiling: options
+                    .disk_dir
+                    .is_none()
+                    .then(|| options.memory_bytes.min(options.readahead_bytes) / 2),
             }),
         })
     }
 
     pub fn metrics(&self) -> &Arc<MountMetrics> {
         &self.inner.metrics
+    }
+
+    /// The largest readahead window this cache holds without refetching: without a disk
+    /// tier, half the memory tier and half the readahead budget; with one, no limit (chunks
+    /// read ahead are on disk when memory lets them go). See [`crate::ReadaheadPolicy::fitted`].
+    pub fn readahead_ceiling(&self) -> Option<u64> {
+        self.inner.readahead_ceiling
     }
 
     /// Sets the peer tier chunks are asked from before the store (once; false if one was

@@ -74,6 +74,16 @@ impl SealedFs {
         readahead: ReadaheadPolicy,
     ) -> SealedFs {
         let (fetches_per_read, per_mount) = MountLimits::default().fetch_bounds();
+        let fitted = readahead.fitted(cache.readahead_ceiling());
+        if fitted.max < readahead.max {
+            tracing::warn!(
+                asked = readahead.max,
+                window = fitted.max,
+                "readahead window lowered to half the memory tier and readahead budget: \
+                 without a disk cache a larger one evicts chunks before they are read"
+            );
+        }
+        let readahead = fitted;
         // Files assembled on this node by earlier mounts serve their chunks from now on.
         if let Some(disk) = cache.disk() {
             for (_, file) in tree.files() {

@@ -28,6 +28,23 @@ impl Default for ReadaheadPolicy {
     }
 }
 
+impl ReadaheadPolicy {
+    /// This policy with its windows no larger than `ceiling` bytes. Without a disk tier,
+    /// read-ahead chunks live only in the bounded memory tier: a window as large as it (or as
+    /// the readahead budget) evicts chunks fetched ahead before the reader gets to them, and
+    /// they are fetched again (measured: `--readahead 256Mi --no-disk-cache` fetched 1.78x a
+    /// 512 MiB file from a 25 ms store, at half the rate).
+    pub fn fitted(self, ceiling: Option<u64>) -> ReadaheadPolicy {
+        match ceiling {
+            Some(c) if self.max > c => ReadaheadPolicy {
+                initial: self.initial.min(c),
+                max: c,
+            },
+            _ => self,
+        }
+    }
+}
+
 /// The readahead state of one open file.
 #[derive(Debug, Default)]
 pub(crate) struct Readahead {
@@ -169,6 +186,42 @@ mod tests {
             ra.on_read(&ReadaheadPolicy { initial: 0, max: 0 }, 0, MIB, size),
             None
         );
+    }
+
+    #[test]
+    fn windows_fit_under_the_ceiling() {
+        let p = ReadaheadPolicy {
+            initial: 4 << 20,
+            max: 256 << 20,
+        };
+        let fitted = p.fitted(Some(128 << 20));
+        assert_eq!((fitted.initial, fitted.max), (4 << 20, 128 << 20));
+        let tiny = p.fitted(Some(1 << 20));
+        assert_eq!((tiny.initial, tiny.max), (1 << 20, 1 << 20));
+        let free = p.fitted(None);
+        assert_eq!((free.initial, free.max), (p.initial, p.max));
+        let small = ReadaheadPolicy { initial: 0, max: 0 }.fitted(Some(1 << 20));
+        assert_eq!(small.max, 0, "off stays off");
+    }
+
+    #[test]
+    fn only_a_cache_without_disk_caps_the_window() {
+        use crate::fetch::{NodeCache, NodeCacheOptions};
+        let memory_only = NodeCache::new(&NodeCacheOptions {
+            memory_bytes: 64 << 20,
+            readahead_bytes: 256 << 20,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(memory_only.readahead_ceiling(), Some(32 << 20));
+        let dir = tempfile::tempdir().unwrap();
+        let with_disk = NodeCache::new(&NodeCacheOptions {
+            disk_dir: Some(dir.path().to_path_buf()),
+            memory_bytes: 64 << 20,
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(with_disk.readahead_ceiling(), None);
     }
 
     #[test]
