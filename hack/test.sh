@@ -13,6 +13,9 @@ hack/install-test-deps.sh
 # Go and crates.io tools (toxiproxy, s3s-fs, ...), built once per pin into the cache.
 TEST_TOOLS_PATH=$(hack/build-test-tools.sh)
 export PATH="$TEST_TOOLS_PATH:$PATH"
+# The v1.31 kube-apiserver for e2e/tests/oldest_apiserver.rs (the oldest supported minor).
+SEALED_OLDEST_APISERVER="$(hack/build-k8s-oldest.sh)/kube-apiserver"
+export SEALED_OLDEST_APISERVER
 # Missing servers fail the tests instead of skipping them.
 export SEALED_REQUIRE_SERVERS=1
 
