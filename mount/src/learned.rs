@@ -17,6 +17,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -36,23 +37,24 @@ const WRITE_AT_UNMOUNT: Duration = Duration::from_secs(5);
 /// Records first reads, at most [`MAX_PROFILE_ENTRIES`] entries.
 pub(crate) struct ProfileRecorder {
     manifest: Digest,
+    /// Set once the recording ended: reads after it skip the lock.
+    finished: AtomicBool,
     inner: Mutex<Recording>,
 }
 
 struct Recording {
     seen: HashSet<Digest>,
     order: Vec<Digest>,
-    finished: bool,
 }
 
 impl ProfileRecorder {
     pub(crate) fn new(manifest: Digest) -> Self {
         ProfileRecorder {
             manifest,
+            finished: AtomicBool::new(false),
             inner: Mutex::new(Recording {
                 seen: HashSet::new(),
                 order: Vec::new(),
-                finished: false,
             }),
         }
     }
@@ -60,9 +62,16 @@ impl ProfileRecorder {
     /// A reader asked for `chunks`; only each one's first ask is kept, and nothing after the
     /// cap or after [`ProfileRecorder::finish`].
     pub(crate) fn record(&self, chunks: &[ChunkRef]) {
+        if self.is_finished() {
+            return;
+        }
         let mut r = self.inner.lock();
+        // Checked again under the lock: `finish` may have taken the order meanwhile.
+        if self.is_finished() {
+            return;
+        }
         for chunk in chunks {
-            if r.finished || r.order.len() >= MAX_PROFILE_ENTRIES {
+            if r.order.len() >= MAX_PROFILE_ENTRIES {
                 return;
             }
             if r.seen.insert(chunk.digest) {
@@ -72,16 +81,15 @@ impl ProfileRecorder {
     }
 
     fn is_finished(&self) -> bool {
-        self.inner.lock().finished
+        self.finished.load(Ordering::Acquire)
     }
 
     /// Ends the recording once; `None` when it was ended already or nothing was read.
     fn finish(&self) -> Option<Profile> {
         let mut r = self.inner.lock();
-        if r.finished {
+        if self.finished.swap(true, Ordering::AcqRel) {
             return None;
         }
-        r.finished = true;
         r.seen = HashSet::new();
         let chunks = std::mem::take(&mut r.order);
         (!chunks.is_empty()).then_some(Profile {
@@ -97,8 +105,11 @@ pub(crate) struct LearnedPrefetch {
 }
 
 impl LearnedPrefetch {
-    /// Starts it for `fs` (needs a tokio runtime context).
+    /// Starts it for `fs` (needs a tokio runtime context), before the mount serves its first
+    /// request: recording begins at once, so that reads made while the stored profile is
+    /// looked up are not missed; a profile found there ends the recording unwritten.
     pub(crate) fn start(fs: Arc<SealedFs>) -> LearnedPrefetch {
+        fs.start_recording();
         LearnedPrefetch {
             task: tokio::spawn(run(fs)),
         }
@@ -126,6 +137,7 @@ async fn run(fs: Arc<SealedFs>) {
     let stored = match fs.store().get_profile_bytes(&digest).await {
         Ok(stored) => stored,
         Err(sealed_store::Error::ResponseTooLarge { .. }) => {
+            abandon_recording(&fs);
             let oversized = ProfileError::Oversized {
                 len: sealed_store::profile::MAX_PROFILE_BYTES.saturating_add(1),
                 limit: sealed_store::profile::MAX_PROFILE_BYTES,
@@ -135,6 +147,7 @@ async fn run(fs: Arc<SealedFs>) {
         }
         Err(e) => {
             // Not knowing whether one is there, this mount neither replays nor records.
+            abandon_recording(&fs);
             tracing::warn!(%digest, error = %e, "cannot read the learned prefetch profile");
             return;
         }
@@ -143,6 +156,8 @@ async fn run(fs: Arc<SealedFs>) {
         record(&fs).await;
         return;
     };
+    // A profile is stored (usable or not): this mount is not the first, nothing to record.
+    abandon_recording(&fs);
     match resolve(&fs, &bytes) {
         Ok(chunks) => replay(&fs, chunks).await,
         Err(e) => ignored(metrics, &digest, &e),
@@ -165,9 +180,16 @@ fn ignored(metrics: &MountMetrics, digest: &Digest, e: &ProfileError) {
     tracing::warn!(%digest, reason = e.reason(), error = %e, "learned prefetch profile ignored");
 }
 
+/// Ends the recording without writing it.
+fn abandon_recording(fs: &SealedFs) {
+    if let Some(recorder) = fs.recorder() {
+        let _ = recorder.finish();
+    }
+}
+
 /// Records until the cold start is over (or the mount ends), then writes the profile.
 async fn record(fs: &SealedFs) {
-    let Some(recorder) = fs.start_recording() else {
+    let Some(recorder) = fs.recorder() else {
         return;
     };
     loop {

@@ -555,6 +555,9 @@ async fn start(
     } else {
         None
     };
+    // Before the first request is served, so that the recording sees the first read.
+    let learned =
+        (options.learned_prefetch && !resumed).then(|| LearnedPrefetch::start(fs.clone()));
     let (tx, ended) = watch::channel(false);
     let thread = std::thread::Builder::new()
         .name("sealed-fuse".into())
@@ -587,8 +590,6 @@ async fn start(
 
     let prefetching = Prefetches::new(options.prefetch_concurrency);
     prefetching.add(&fs, &options.prefetch);
-    let learned =
-        (options.learned_prefetch && !resumed).then(|| LearnedPrefetch::start(fs.clone()));
     tracing::info!(
         %digest,
         mountpoint = %mountpoint.display(),

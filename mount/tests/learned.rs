@@ -175,6 +175,31 @@ fn a_first_mount_records_and_another_node_replays_before_anything_is_read() {
 }
 
 #[test]
+fn reads_made_while_the_profile_is_looked_up_are_recorded() {
+    if !fuse_available() {
+        return;
+    }
+    let rt = runtime();
+    let fx = rt.block_on(fixture());
+    let manifest = rt.block_on(fx.store.get_manifest(&fx.digest)).unwrap();
+    let small = chunks_of(&manifest, "weights/small.bin");
+    let work = tempfile::tempdir().unwrap();
+    let mnt = work.path().join("m");
+    std::fs::create_dir_all(&mnt).unwrap();
+    // The lookup of a stored profile is slow: the whole workload runs before it answers.
+    let (faulty, store) = faulty(&fx.store);
+    faulty.hold_profile_gets(true);
+    let cache = node_cache(&work.path().join("cache"));
+    let handle = mount(&rt, &store, fx.digest, &mnt, cache.clone(), true);
+    workload(&mnt, &fx.src);
+    faulty.hold_profile_gets(false);
+    rt.block_on(handle.unmount()).unwrap();
+    assert_eq!(cache.metrics().snapshot().learned_profiles_written, 1);
+    let profile = stored_profile(&rt, &fx.store, &fx.digest).expect("stored at unmount");
+    assert_eq!(profile.chunks[..small.len()], small[..], "{profile:?}");
+}
+
+#[test]
 fn a_mount_that_opts_out_records_nothing() {
     if !fuse_available() {
         return;

@@ -7,7 +7,7 @@ pub mod s3;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
@@ -138,6 +138,8 @@ pub struct FaultyStore {
     pub chunk_gets: AtomicU64,
     pub manifest_gets: AtomicU64,
     pub manifest_failures: AtomicU64,
+    /// While set, GETs of learned prefetch profiles wait.
+    pub hold_profile_gets: AtomicBool,
 }
 
 impl FaultyStore {
@@ -148,6 +150,7 @@ impl FaultyStore {
             chunk_gets: AtomicU64::new(0),
             manifest_gets: AtomicU64::new(0),
             manifest_failures: AtomicU64::new(0),
+            hold_profile_gets: AtomicBool::new(false),
         })
     }
 
@@ -166,6 +169,11 @@ impl FaultyStore {
 
     pub fn manifest_gets(&self) -> u64 {
         self.manifest_gets.load(Ordering::SeqCst)
+    }
+
+    /// Profile GETs wait while `held` (a slow lookup of the learned prefetch profile).
+    pub fn hold_profile_gets(&self, held: bool) {
+        self.hold_profile_gets.store(held, Ordering::SeqCst);
     }
 }
 
@@ -227,6 +235,11 @@ impl ObjectStore for FaultyStore {
                 }
                 _ => {}
             }
+        }
+        while location.as_ref().starts_with("profiles/")
+            && self.hold_profile_gets.load(Ordering::SeqCst)
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         if location.as_ref().starts_with("manifests/") {
             self.manifest_gets.fetch_add(1, Ordering::SeqCst);
