@@ -366,6 +366,12 @@ const PLAIN: &[Plain] = &[
         Kind::Gauge,
         |s| s.prefetch_bytes_in_flight,
     ),
+    (
+        "sealed_readahead_window_bytes",
+        "Largest readahead window allowed at the last read: the configured one, or twice the store link's bandwidth-delay product",
+        Kind::Gauge,
+        |s| s.readahead_window_bytes,
+    ),
 ];
 
 const HITS: (&str, &str) = (

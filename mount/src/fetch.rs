@@ -27,6 +27,7 @@ use crate::breaker::{Admission, Breakers};
 use crate::cache::{DiskCache, MemoryCache};
 use crate::cold_start::ColdStart;
 use crate::error::{FetchError, MountError};
+use crate::link::{Link, Links};
 use crate::metrics::{MountMetrics, Tier};
 use crate::peer::{PeerAnswer, PeerTier, Route};
 use crate::readahead::ReadaheadBudget;
@@ -139,6 +140,8 @@ struct Inner {
     assembling: Mutex<std::collections::HashSet<Digest>>,
     /// [`NodeCache::readahead_ceiling`].
     readahead_ceiling: Option<u64>,
+    /// Each store link's bandwidth-delay product, from the fetches above (`crate::link`).
+    links: Links,
 }
 
 /// The node's cache tiers and fetch machinery. Cheap to clone.
@@ -170,7 +173,8 @@ impl NodeCache {
                 readahead_ceiling: options
                     .disk_dir
                     .is_none()
-                    .then(|| options.memory_bytes.min(options.readahead_bytes) / 2),
+                    .then(|| (options.memory_bytes / 4).min(options.readahead_bytes / 2)),
+                links: Links::default(),
             }),
         })
     }
@@ -180,10 +184,28 @@ impl NodeCache {
     }
 
     /// The largest readahead window this cache holds without refetching: without a disk
-    /// tier, half the memory tier and half the readahead budget; with one, no limit (chunks
-    /// read ahead are on disk when memory lets them go). See [`crate::ReadaheadPolicy::fitted`].
+    /// tier, a quarter of the memory tier and half the readahead budget; with one, no limit
+    /// (chunks read ahead are on disk when memory lets them go). A quarter, because by the
+    /// time the reader reaches a chunk fetched at the window's far end, a window's worth of
+    /// later chunks was fetched and a window's worth of earlier ones was read (both more
+    /// recently used in the LRU), plus up to two partly covered chunks: at half the memory,
+    /// a chunk was now and then evicted just before it was read (`tests/readahead.rs`).
+    /// See [`crate::ReadaheadPolicy::fitted`].
     pub fn readahead_ceiling(&self) -> Option<u64> {
         self.inner.readahead_ceiling
+    }
+
+    /// The most a readahead window may grow to when its store's link needs it: the ceiling
+    /// above, or with a disk tier the node's readahead budget (`crate::link`).
+    pub(crate) fn readahead_limit(&self) -> u64 {
+        self.inner
+            .readahead_ceiling
+            .unwrap_or_else(|| self.inner.budget.cap())
+    }
+
+    /// The measured link to `store`.
+    pub(crate) fn link(&self, store: &str) -> Arc<Link> {
+        self.inner.links.get(store)
     }
 
     /// Sets the peer tier chunks are asked from before the store (once; false if one was
@@ -693,7 +715,13 @@ impl NodeCache {
                 Ok(Ok(data)) => {
                     MountMetrics::inc(&metrics.store_fetches);
                     MountMetrics::add(&metrics.store_bytes_fetched, data.len() as u64);
-                    metrics.record_fetch_latency(started.elapsed());
+                    let took = started.elapsed();
+                    metrics.record_fetch_latency(took);
+                    self.inner.links.get(store.name()).record(
+                        Instant::now(),
+                        took,
+                        data.len() as u64,
+                    );
                     return Ok(data);
                 }
                 Ok(Err(StoreError::MissingChunk { .. })) => {

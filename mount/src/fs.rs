@@ -16,6 +16,7 @@ use crate::error::{FetchError, FsError};
 use crate::fetch::NodeCache;
 use crate::learned::ProfileRecorder;
 use crate::limits::MountLimits;
+use crate::link::Link;
 use crate::metrics::MountMetrics;
 use crate::peer::Route;
 use crate::prefetch::ModelPrefetch;
@@ -53,6 +54,8 @@ pub struct SealedFs {
     cold_start: Arc<ColdStart>,
     /// Set when this mount records the learned prefetch profile (`crate::learned`).
     recorder: OnceLock<ProfileRecorder>,
+    /// The store link's measured bandwidth-delay product sizes readahead (`crate::link`).
+    link: Arc<Link>,
 }
 
 /// Handle numbers start from the clock, so that a process that resumed a mount does not hand
@@ -79,7 +82,7 @@ impl SealedFs {
             tracing::warn!(
                 asked = readahead.max,
                 window = fitted.max,
-                "readahead window lowered to half the memory tier and readahead budget: \
+                "readahead window lowered to a quarter of the memory tier and half the readahead budget: \
                  without a disk cache a larger one evicts chunks before they are read"
             );
         }
@@ -90,7 +93,9 @@ impl SealedFs {
                 disk.register(file);
             }
         }
+        let link = cache.link(store.name());
         SealedFs {
+            link,
             digest,
             tree,
             store,
@@ -163,6 +168,23 @@ impl SealedFs {
 
     pub(crate) fn readahead_policy(&self) -> &ReadaheadPolicy {
         &self.readahead
+    }
+
+    /// The readahead policy for a read now: the configured window, grown to twice the store
+    /// link's bandwidth-delay product when that is larger, within what memory allows.
+    pub(crate) fn readahead_now(&self) -> ReadaheadPolicy {
+        let max = crate::link::window_for(
+            self.readahead.max,
+            self.cache.readahead_limit(),
+            self.link.bdp(),
+        );
+        self.metrics()
+            .readahead_window_bytes
+            .store(max, Ordering::Relaxed);
+        ReadaheadPolicy {
+            initial: self.readahead.initial,
+            max,
+        }
     }
 
     pub fn digest(&self) -> &Digest {
@@ -464,7 +486,8 @@ impl SealedFs {
         // resumed): it gets its readahead state now.
         let state = self.handles.lock().entry(fh).or_default().clone();
         let mut state = state.lock();
-        let Some(ahead) = state.on_read(&self.readahead, offset, u64::from(size), file_size) else {
+        let policy = self.readahead_now();
+        let Some(ahead) = state.on_read(&policy, offset, u64::from(size), file_size) else {
             return;
         };
         for i in chunk_range(starts, ahead.start, ahead.end) {

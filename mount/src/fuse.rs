@@ -114,7 +114,12 @@ impl Filesystem for FuseAdapter {
         }
         let _ = config.set_max_background(64);
         let _ = config.set_congestion_threshold(48);
-        let wanted = InitFlags::FUSE_CACHE_SYMLINKS | InitFlags::FUSE_PARALLEL_DIROPS;
+        // FUSE_ASYNC_DIO: the kernel sends the 1 MiB pieces of one large O_DIRECT read
+        // (fastsafetensors' default on an unknown filesystem) at once, not one after another,
+        // so a daemon-served O_DIRECT read is fetched in parallel like a buffered one.
+        let wanted = InitFlags::FUSE_CACHE_SYMLINKS
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_ASYNC_DIO;
         let _ = config.add_capabilities(wanted & config.capabilities());
         if self.passthrough.wanted() {
             let offered = config.capabilities().contains(InitFlags::FUSE_PASSTHROUGH);

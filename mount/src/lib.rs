@@ -27,6 +27,7 @@ pub mod hydrate;
 mod io_modes;
 mod learned;
 pub mod limits;
+mod link;
 mod lru;
 pub mod metrics;
 pub mod model_header;

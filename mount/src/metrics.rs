@@ -37,6 +37,9 @@ pub struct MountMetrics {
     pub bytes_in_flight: AtomicU64,
     /// Readahead bytes fetched ahead of readers right now (a gauge, bounded by the budget).
     pub prefetch_bytes_in_flight: AtomicU64,
+    /// The largest readahead window a read was allowed last (a gauge): the configured one,
+    /// or twice the store link's bandwidth-delay product when larger (`crate::link`).
+    pub readahead_window_bytes: AtomicU64,
     /// Readahead chunks skipped because the global prefetch budget was spent.
     pub prefetch_skipped: AtomicU64,
     /// Readahead chunks issued.
@@ -185,6 +188,7 @@ pub struct MetricsSnapshot {
     pub verification_failures: u64,
     pub bytes_in_flight: u64,
     pub prefetch_bytes_in_flight: u64,
+    pub readahead_window_bytes: u64,
     pub prefetch_skipped: u64,
     pub prefetch_issued: u64,
     pub disk_cache_bytes: u64,
@@ -249,6 +253,7 @@ impl MountMetrics {
             verification_failures: g(&self.verification_failures),
             bytes_in_flight: g(&self.bytes_in_flight),
             prefetch_bytes_in_flight: g(&self.prefetch_bytes_in_flight),
+            readahead_window_bytes: g(&self.readahead_window_bytes),
             prefetch_skipped: g(&self.prefetch_skipped),
             prefetch_issued: g(&self.prefetch_issued),
             disk_cache_bytes: g(&self.disk_cache_bytes),

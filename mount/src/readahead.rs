@@ -119,6 +119,11 @@ impl ReadaheadBudget {
         }
     }
 
+    /// The bound, bytes.
+    pub fn cap(&self) -> u64 {
+        self.cap
+    }
+
     pub fn try_acquire(&self, bytes: u64) -> bool {
         let mut used = self.used.load(Ordering::Relaxed);
         loop {
@@ -213,7 +218,7 @@ mod tests {
             ..Default::default()
         })
         .unwrap();
-        assert_eq!(memory_only.readahead_ceiling(), Some(32 << 20));
+        assert_eq!(memory_only.readahead_ceiling(), Some(16 << 20));
         let dir = tempfile::tempdir().unwrap();
         let with_disk = NodeCache::new(&NodeCacheOptions {
             disk_dir: Some(dir.path().to_path_buf()),

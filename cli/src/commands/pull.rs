@@ -14,8 +14,8 @@ pub struct PullArgs {
     pub digest: String,
     /// New (or empty) directory to write the version into
     pub dir: PathBuf,
-    /// Chunk downloads in flight at once
-    #[arg(long, default_value_t = 16)]
+    /// Chunks in flight at once across all files (fetched, or fetched and not yet written)
+    #[arg(long, default_value_t = sealed_store::pull::DEFAULT_CONCURRENCY)]
     pub concurrency: usize,
 }
 

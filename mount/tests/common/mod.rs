@@ -140,6 +140,8 @@ pub struct FaultyStore {
     pub manifest_failures: AtomicU64,
     /// While set, GETs of learned prefetch profiles wait.
     pub hold_profile_gets: AtomicBool,
+    /// Every chunk GET takes this much longer (a store far away).
+    pub chunk_delay_ms: AtomicU64,
 }
 
 impl FaultyStore {
@@ -151,6 +153,7 @@ impl FaultyStore {
             manifest_gets: AtomicU64::new(0),
             manifest_failures: AtomicU64::new(0),
             hold_profile_gets: AtomicBool::new(false),
+            chunk_delay_ms: AtomicU64::new(0),
         })
     }
 
@@ -169,6 +172,11 @@ impl FaultyStore {
 
     pub fn manifest_gets(&self) -> u64 {
         self.manifest_gets.load(Ordering::SeqCst)
+    }
+
+    /// Every chunk GET takes `ms` longer from now on.
+    pub fn delay_chunk_gets(&self, ms: u64) {
+        self.chunk_delay_ms.store(ms, Ordering::SeqCst);
     }
 
     /// Profile GETs wait while `held` (a slow lookup of the learned prefetch profile).
@@ -225,6 +233,10 @@ impl ObjectStore for FaultyStore {
     ) -> object_store::Result<GetResult> {
         if location.as_ref().starts_with("chunks/") {
             self.chunk_gets.fetch_add(1, Ordering::SeqCst);
+            let delay = self.chunk_delay_ms.load(Ordering::SeqCst);
+            if delay > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+            }
             match self.mode.load(Ordering::SeqCst) {
                 HANG => futures::future::pending::<()>().await,
                 FAIL => {
