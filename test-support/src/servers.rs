@@ -106,16 +106,26 @@ pub fn start_moto(bucket: &str, auth: bool) -> Option<Server> {
     let mut child = cmd.spawn().unwrap();
     wait_for_port(port, &mut child, "moto_server");
     // moto does not check signatures (without `auth`), so a plain PUT creates the bucket.
-    let status = Command::new("curl")
-        .args([
-            "-sf",
-            "-X",
-            "PUT",
-            &format!("http://127.0.0.1:{port}/{bucket}"),
-        ])
-        .status()
-        .unwrap();
-    assert!(status.success(), "creating bucket {bucket} failed");
+    // Its port opens before it answers every route: on a loaded machine the first PUT can
+    // fail (seen in CI), so it is retried for a few seconds.
+    let mut created = false;
+    for _ in 0..40 {
+        let status = Command::new("curl")
+            .args([
+                "-sf",
+                "-X",
+                "PUT",
+                &format!("http://127.0.0.1:{port}/{bucket}"),
+            ])
+            .status()
+            .unwrap();
+        if status.success() {
+            created = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    assert!(created, "creating bucket {bucket} failed");
     Some(Server {
         child,
         port,
