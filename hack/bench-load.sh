@@ -169,15 +169,23 @@ parallel_get() {
   (cd "$W/s3/$BUCKET" && find chunks -type f) | while read -r key; do
     printf 'url = "http://127.0.0.1:%s/%s/%s"\noutput = "/dev/null"\n' "$PROXY_PORT" "$BUCKET" "$key" >>"$cfg"
   done
+  local want got
+  want=$(cd "$W/s3/$BUCKET" && find chunks -type f -printf '%s\n' | awk '{ b += $1 } END { print b }')
   t0=$(date +%s.%N)
-  curl -sf --parallel --parallel-max "$CONCURRENCY" --aws-sigv4 "aws:amz:us-east-1:s3" \
-    --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" -K "$cfg"
+  # curl 7.x signs no payload hash; s3s-fs requires the header (S3 accepts it too). The bytes
+  # are summed: a GET that failed must not pass for a fast one.
+  got=$(curl -sf --no-progress-meter --parallel --parallel-max "$CONCURRENCY" \
+    --aws-sigv4 "aws:amz:us-east-1:s3" -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" \
+    --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" -w '%{size_download}\n' -K "$cfg" |
+    awk '{ b += $1 } END { print b + 0 }')
   t1=$(date +%s.%N)
+  [[ $got == "$want" ]] || { log "the parallel GET read $got bytes, not $want"; return 1; }
   awk -v a="$t0" -v z="$t1" 'BEGIN { printf "%.3f", z - a }'
 }
 
 echo "run,case,seconds" >"$CSV"
-row() { echo "$1,$2,$3" >>"$CSV"; log "run $1: $2 $3 s"; }
+# A case that failed inside $(...) leaves an empty time: stop rather than record it.
+row() { [[ -n $3 ]] || die "case $2 failed"; echo "$1,$2,$3" >>"$CSV"; log "run $1: $2 $3 s"; }
 for run in $(seq "$RUNS"); do
   drop_caches; row "$run" a "$(timed load "$W/src")"
   drop_caches; row "$run" odirect-a "$(timed odirect "$W/src")"
@@ -193,11 +201,14 @@ for run in $(seq "$RUNS"); do
   rm -f "$PROFILE"
   fresh d
   mount_at d s3; drop_caches; row "$run" d "$(timed load "$W/mnt-d")"; umount_at d
-  [[ -s $PROFILE ]] || die "the first mount stored no learned profile"
+  # `sealed umount` returns once the kernel let go; the serving process writes the profile
+  # as it ends (within 5 s).
+  wait_for "d's learned profile" 10 test -s "$PROFILE" || die "the first mount stored no learned profile"
   fresh dm
   mount_at dm s3 --prefetch model --no-learned-prefetch; drop_caches
   row "$run" d-model "$(timed load "$W/mnt-dm")"; umount_at dm
-  row "$run" get "$(parallel_get)"
+  get_s=$(parallel_get) || die "the parallel GET failed"
+  row "$run" get "$get_s"
 
   rm -rf --one-file-system "$W/pulled"; drop_caches
   t0=$(date +%s.%N)

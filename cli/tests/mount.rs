@@ -120,3 +120,109 @@ fn mounting_an_unknown_digest_fails_clearly() {
     assert!(err.contains(&unknown) && err.contains("not found"), "{err}");
     assert!(!is_mounted(&work.path().join("mnt")));
 }
+
+/// The serving process's pid, from `sealed mount --background`'s "serving process N".
+fn serving_pid(stderr: &[u8]) -> u32 {
+    let text = String::from_utf8_lossy(stderr);
+    text.split("serving process ")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("no serving process in: {text}"))
+}
+
+/// True once `pid` has exited (gone, or a zombie waiting for its reaper).
+fn exited(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| {
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('Z'))
+        })
+        .unwrap_or(true)
+}
+
+/// `sealed umount` (someone else than the serving process) right after a read: the serving
+/// process still stores what the next mount needs before it exits: the learned prefetch
+/// profile of what was read, and the file read to its end, assembled (hydrated). Before
+/// this, it only flushed chunk writes, so the first mount of a version unmounted this way
+/// never recorded a profile, and a shard read just before the unmount was served chunk by
+/// chunk by the next mount.
+#[test]
+fn an_unmount_by_someone_else_keeps_the_profile_and_the_hydrated_file() {
+    if !can_mount() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let store = work.path().join("store");
+    std::fs::create_dir(&store).unwrap();
+    let src = work.path().join("model");
+    std::fs::create_dir(&src).unwrap();
+    let weights: Vec<u8> = (0..(24u32 << 20))
+        .map(|i| (i.wrapping_mul(2654435761) >> 11) as u8)
+        .collect();
+    std::fs::write(src.join("model.safetensors"), &weights).unwrap();
+    let sealed = || {
+        let mut c = Command::cargo_bin("sealed").unwrap();
+        c.env("SEALED_STORE", format!("file://{}", store.display()));
+        c
+    };
+    let out = sealed().arg("push").arg(&src).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let digest = String::from_utf8(out.stdout).unwrap().trim().to_string();
+
+    let mnt = work.path().join("mnt");
+    let cache = work.path().join("cache");
+    std::fs::create_dir(&mnt).unwrap();
+    let out = sealed()
+        .args(["mount", &digest])
+        .arg(&mnt)
+        .arg("--background")
+        .arg("--cache-dir")
+        .arg(&cache)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pid = serving_pid(&out.stderr);
+    let read_back = std::fs::read(mnt.join("model.safetensors"));
+    let out = sealed().arg("umount").arg(&mnt).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        read_back.unwrap() == weights,
+        "bytes differ through the mount"
+    );
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !exited(pid) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "serving process {pid} still running 30 s after the unmount"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let hex = digest.trim_start_matches("blake3:");
+    assert!(
+        store.join("profiles").join(hex).is_file(),
+        "no learned profile stored for {digest}"
+    );
+    let file_hex = blake3::hash(&weights).to_hex().to_string();
+    let hydrated = cache.join("files").join(&file_hex[..2]).join(&file_hex);
+    let len = std::fs::metadata(&hydrated).map(|m| m.len()).ok();
+    assert_eq!(
+        len,
+        Some(weights.len() as u64),
+        "{} is not the assembled file",
+        hydrated.display()
+    );
+}

@@ -138,10 +138,27 @@ struct Inner {
     /// Other nodes' caches, asked between the disk and the store (`crate::peer`).
     peers: OnceLock<Arc<dyn PeerTier>>,
     assembling: Mutex<std::collections::HashSet<Digest>>,
+    /// Background assemblies started and not ended, and a wake-up when they reach zero.
+    background_assemblies: AtomicU64,
+    assemblies_done: Notify,
     /// [`NodeCache::readahead_ceiling`].
     readahead_ceiling: Option<u64>,
     /// Each store link's bandwidth-delay product, from the fetches above (`crate::link`).
     links: Links,
+}
+
+/// A background assembly in progress; see [`NodeCache::background_assembly`].
+pub(crate) struct AssemblyGuard {
+    cache: NodeCache,
+}
+
+impl Drop for AssemblyGuard {
+    fn drop(&mut self) {
+        let inner = &self.cache.inner;
+        if inner.background_assemblies.fetch_sub(1, Ordering::AcqRel) == 1 {
+            inner.assemblies_done.notify_waiters();
+        }
+    }
 }
 
 /// The node's cache tiers and fetch machinery. Cheap to clone.
@@ -170,6 +187,8 @@ impl NodeCache {
                 writes_done: Notify::new(),
                 peers: OnceLock::new(),
                 assembling: Mutex::new(std::collections::HashSet::new()),
+                background_assemblies: AtomicU64::new(0),
+                assemblies_done: Notify::new(),
                 readahead_ceiling: options
                     .disk_dir
                     .is_none()
@@ -636,6 +655,30 @@ impl NodeCache {
         loop {
             let done = self.inner.writes_done.notified();
             if self.inner.pending_writes.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            done.await;
+        }
+    }
+
+    /// Counts a background assembly (`crate::hydrate`) until the guard drops, so that an
+    /// unmount can let it finish ([`NodeCache::assemblies_finished`]).
+    pub(crate) fn background_assembly(&self) -> AssemblyGuard {
+        self.inner
+            .background_assemblies
+            .fetch_add(1, Ordering::AcqRel);
+        AssemblyGuard {
+            cache: self.clone(),
+        }
+    }
+
+    /// Waits until no background assembly is under way (before a clean exit: a file read to
+    /// its end just before the unmount is still assembled, and the next mount serves it by
+    /// passthrough instead of chunk by chunk).
+    pub async fn assemblies_finished(&self) {
+        loop {
+            let done = self.inner.assemblies_done.notified();
+            if self.inner.background_assemblies.load(Ordering::Acquire) == 0 {
                 return;
             }
             done.await;

@@ -178,9 +178,12 @@ impl SealedFs {
             self.cache.readahead_limit(),
             self.link.bdp(),
         );
-        self.metrics()
-            .readahead_window_bytes
-            .store(max, Ordering::Relaxed);
+        // Written only when it moves: every read calls this, and a store on each would
+        // bounce the gauge's cache line between the FUSE worker threads.
+        let gauge = &self.metrics().readahead_window_bytes;
+        if gauge.load(Ordering::Relaxed) != max {
+            gauge.store(max, Ordering::Relaxed);
+        }
         ReadaheadPolicy {
             initial: self.readahead.initial,
             max,

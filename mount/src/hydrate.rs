@@ -63,7 +63,9 @@ pub(crate) fn spawn_if_ready(cache: &NodeCache, store: &ChunkStore, file: &FileE
         return;
     }
     let (cache, store, file) = (cache.clone(), store.clone(), file.clone());
+    let guard = cache.background_assembly();
     tokio::spawn(async move {
+        let _guard = guard;
         if let Err(e) = assemble(&cache, &store, &file).await {
             tracing::warn!(blake3 = %file.blake3, error = %e, "assembling a hydrated file failed");
         }

@@ -236,6 +236,26 @@ impl MountHandle {
         let _ = self.ended.wait_for(|ended| *ended).await;
     }
 
+    /// The directory was unmounted by someone else (`sealed umount`, `umount`, the kubelet):
+    /// keeps what this process has for the next mount ([`MountHandle::unmount`] does the
+    /// same after unmounting).
+    pub async fn close(mut self) {
+        self.prefetch.stop(&self.fs);
+        self.settle().await;
+    }
+
+    /// Every read is in: the chunks fetched so far land in the disk cache for the next
+    /// process, files read to their end are assembled for it (a 512 MiB shard takes about a
+    /// second), and a learned-prefetch recording under way is stored. Each step is bounded.
+    async fn settle(&mut self) {
+        let cache = self.fs.cache().clone();
+        let _ = tokio::time::timeout(Duration::from_secs(10), cache.flush()).await;
+        let _ = tokio::time::timeout(Duration::from_secs(20), cache.assemblies_finished()).await;
+        if let Some(learned) = self.learned.take() {
+            learned.finish(&self.fs).await;
+        }
+    }
+
     /// Unmounts and stops serving. If files are still open (EBUSY) the mount is detached
     /// lazily and its FUSE connection aborted, so this never hangs.
     pub async fn unmount(mut self) -> Result<(), MountError> {
@@ -264,12 +284,7 @@ impl MountHandle {
             path: self.mountpoint.clone(),
             source: io::Error::other(e.to_string()),
         })??;
-        // Chunks fetched so far land in the disk cache for the next process.
-        let _ = tokio::time::timeout(Duration::from_secs(10), self.fs.cache().flush()).await;
-        // Every read is in: a recording under way is stored now.
-        if let Some(learned) = self.learned.take() {
-            learned.finish(&self.fs).await;
-        }
+        self.settle().await;
         // The serving threads end once the kernel closes the connection.
         let wait = self.ended.wait_for(|ended| *ended);
         let limit = if detached {

@@ -8,6 +8,7 @@ mod common;
 use std::path::Path;
 
 use bytes::Bytes;
+use common::open_version;
 use sealed_mount::tree::ROOT_INO;
 use sealed_mount::{
     FetchError, FsError, MountError, MountHandle, MountOptions, NodeCache, NodeCacheOptions,
@@ -46,14 +47,7 @@ async fn lying_version(store: &ChunkStore) -> Digest {
 }
 
 async fn open_fs(store: &ChunkStore, digest: Digest, cache: &NodeCache) -> SealedFs {
-    let manifest = store.get_manifest(&digest).await.unwrap();
-    SealedFs::new(
-        digest,
-        Tree::build(manifest).unwrap(),
-        store.clone(),
-        cache.clone(),
-        ReadaheadPolicy::default(),
-    )
+    open_version(store, digest, cache, ReadaheadPolicy::default()).await
 }
 
 fn is_wrong_length(e: &FsError) -> bool {

@@ -280,14 +280,7 @@ impl Version {
         let tmp = tempfile::tempdir().unwrap();
         let src = tmp.path().join("src");
         write_tree(&src);
-        let store_dir = tmp.path().join("store");
-        std::fs::create_dir_all(&store_dir).unwrap();
-        let plain = ChunkStore::open(
-            &format!("file://{}", store_dir.display()),
-            &sealed_store::StoreOptions::default(),
-        )
-        .await
-        .unwrap();
+        let plain = file_store(&tmp.path().join("store")).await;
         let digest = push_dir(&plain, &src).await;
         let manifest = plain.get_manifest(&digest).await.unwrap();
         let recorder = Arc::new(Recorder {
@@ -333,15 +326,6 @@ impl Version {
             .filter(|k| gets.contains(*k))
             .count()
     }
-}
-
-fn disk_cache(dir: &Path) -> NodeCache {
-    NodeCache::new(&NodeCacheOptions {
-        disk_dir: Some(dir.to_path_buf()),
-        disk_bytes: 1 << 30,
-        ..Default::default()
-    })
-    .unwrap()
 }
 
 /// Daemon readahead off, so that what arrives ahead of the reader is the prefetch's.
@@ -404,7 +388,7 @@ fn opening_a_safetensors_file_fetches_its_tensors_before_they_are_read() {
     let rt = runtime();
     let v = rt.block_on(Version::new());
     let cache_dir = tempfile::tempdir().unwrap();
-    let cache = disk_cache(cache_dir.path());
+    let cache = disk_cache(cache_dir.path(), 1 << 30);
     let mnt = tempfile::tempdir().unwrap();
     let handle = mount(&rt, &v, mnt.path(), cache.clone());
     let m = mnt.path();
@@ -460,7 +444,7 @@ fn a_gguf_file_is_prefetched_and_hydrated() {
     let v = rt.block_on(Version::new());
     let cache_dir = tempfile::tempdir().unwrap();
     let mnt = tempfile::tempdir().unwrap();
-    let handle = mount(&rt, &v, mnt.path(), disk_cache(cache_dir.path()));
+    let handle = mount(&rt, &v, mnt.path(), disk_cache(cache_dir.path(), 1 << 30));
     let m = mnt.path();
     let rel = "gguf/llama-q4.GGUF";
     let chunks = v.chunk_keys(rel).len();
@@ -493,7 +477,7 @@ fn hostile_headers_are_refused_counted_and_read_back_exact() {
     let v = rt.block_on(Version::new());
     let cache_dir = tempfile::tempdir().unwrap();
     let mnt = tempfile::tempdir().unwrap();
-    let handle = mount(&rt, &v, mnt.path(), disk_cache(cache_dir.path()));
+    let handle = mount(&rt, &v, mnt.path(), disk_cache(cache_dir.path(), 1 << 30));
     let m = mnt.path();
     let hostile = hostile_files();
     // All opened at once; each is refused and prefetched in plain order instead.
@@ -531,7 +515,7 @@ fn files_that_are_not_models_are_not_prefetched() {
     let v = rt.block_on(Version::new());
     let cache_dir = tempfile::tempdir().unwrap();
     let mnt = tempfile::tempdir().unwrap();
-    let handle = mount(&rt, &v, mnt.path(), disk_cache(cache_dir.path()));
+    let handle = mount(&rt, &v, mnt.path(), disk_cache(cache_dir.path(), 1 << 30));
     let m = mnt.path();
     let rel = "weights.bin";
     let chunks = v.chunk_keys(rel).len();
@@ -574,7 +558,7 @@ fn without_model_in_the_selection_nothing_is_prefetched_on_open() {
             v.store.clone(),
             v.digest,
             mnt.path(),
-            disk_cache(cache_dir.path()),
+            disk_cache(cache_dir.path(), 1 << 30),
             options("*.json"),
         ))
         .unwrap();
@@ -602,7 +586,7 @@ fn without_model_in_the_selection_nothing_is_prefetched_on_open() {
 async fn the_tensors_are_fetched_in_ascending_offset_order() {
     let v = Version::new().await;
     let cache_dir = tempfile::tempdir().unwrap();
-    let cache = disk_cache(cache_dir.path());
+    let cache = disk_cache(cache_dir.path(), 1 << 30);
     let tree = Tree::build(v.manifest.clone()).unwrap();
     let fs = Arc::new(
         SealedFs::new(

@@ -12,20 +12,12 @@ use common::*;
 use rand::{Rng, SeedableRng};
 use sealed_mount::tree::ROOT_INO;
 use sealed_mount::{
-    FetchPolicy, FsError, NodeCache, NodeCacheOptions, NodeType, ReadaheadPolicy, SealedFs, Tree,
+    FetchPolicy, FsError, NodeCache, NodeCacheOptions, NodeType, ReadaheadPolicy, SealedFs,
 };
 use sealed_store::{ChunkStore, Digest, EntryKind};
 
 async fn open_fs(store: &ChunkStore, digest: Digest, cache: &NodeCache) -> Arc<SealedFs> {
-    let manifest = store.get_manifest(&digest).await.unwrap();
-    let tree = Tree::build(manifest).unwrap();
-    Arc::new(SealedFs::new(
-        digest,
-        tree,
-        store.clone(),
-        cache.clone(),
-        ReadaheadPolicy::default(),
-    ))
+    Arc::new(open_version(store, digest, cache, ReadaheadPolicy::default()).await)
 }
 
 fn resolve(fs: &SealedFs, path: &str) -> u64 {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use common::*;
 use sealed_mount::tree::ROOT_INO;
-use sealed_mount::{NodeCache, NodeCacheOptions, ReadaheadPolicy, SealedFs, Tree};
+use sealed_mount::{NodeCache, NodeCacheOptions, ReadaheadPolicy, SealedFs};
 use sealed_store::{ChunkStore, Digest, EntryKind};
 
 const MIB: u64 = 1 << 20;
@@ -21,14 +21,7 @@ async fn big_version() -> (tempfile::TempDir, ChunkStore, Digest, Vec<u8>) {
     std::fs::create_dir_all(&src).unwrap();
     let data = random_bytes(11, 48 << 20);
     std::fs::write(src.join("big.bin"), &data).unwrap();
-    let store_dir = tmp.path().join("store");
-    std::fs::create_dir_all(&store_dir).unwrap();
-    let store = ChunkStore::open(
-        &format!("file://{}", store_dir.display()),
-        &sealed_store::StoreOptions::default(),
-    )
-    .await
-    .unwrap();
+    let store = file_store(&tmp.path().join("store")).await;
     let digest = push_dir(&store, &src).await;
     (tmp, store, digest, data)
 }
@@ -39,15 +32,7 @@ async fn open(
     cache: &NodeCache,
     policy: ReadaheadPolicy,
 ) -> Arc<SealedFs> {
-    let manifest = store.get_manifest(&digest).await.unwrap();
-    let tree = Tree::build(manifest).unwrap();
-    Arc::new(SealedFs::new(
-        digest,
-        tree,
-        store.clone(),
-        cache.clone(),
-        policy,
-    ))
+    Arc::new(open_version(store, digest, cache, policy).await)
 }
 
 async fn chunk_count(store: &ChunkStore, digest: &Digest) -> u64 {

@@ -11,12 +11,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::runtime;
 use common::s3::MiniS3;
+use common::{open_version, runtime};
 use sealed_mount::tree::ROOT_INO;
 use sealed_mount::{
     FetchPolicy, MountError, MountHandle, MountLimits, MountOptions, NodeCache, NodeCacheOptions,
-    ReadaheadPolicy, SealedFs, Tree,
+    ReadaheadPolicy, SealedFs,
 };
 use sealed_store::{ChunkParams, ChunkRef, ChunkStore, Digest, Entry, EntryKind, Manifest};
 
@@ -163,16 +163,10 @@ async fn open_fs(
     cache: &NodeCache,
     limits: &MountLimits,
 ) -> Arc<SealedFs> {
-    let manifest = store.get_manifest(&digest).await.unwrap();
     Arc::new(
-        SealedFs::new(
-            digest,
-            Tree::build(manifest).unwrap(),
-            store.clone(),
-            cache.clone(),
-            ReadaheadPolicy::default(),
-        )
-        .with_limits(limits),
+        open_version(store, digest, cache, ReadaheadPolicy::default())
+            .await
+            .with_limits(limits),
     )
 }
 

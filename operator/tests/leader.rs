@@ -101,11 +101,12 @@ async fn one_leader_and_failover() {
     let mut a = Some(start(&kubeconfig, &ns, &store, "replica-a"));
     let b = start(&kubeconfig, &ns, &store, "replica-b");
     let ports = [a.as_ref().map(|r| r.port).unwrap_or(0), b.port];
+    // Healthy within the bound: /healthz says 503 ("controllers not running") until a
+    // replica's controllers have started, which on a loaded machine can take a moment.
     for port in ports {
-        let (code, body) = wait_until("/healthz answers", Duration::from_secs(30), || {
-            get(port, "/healthz")
+        wait_until("/healthz says 200", Duration::from_secs(30), || {
+            get(port, "/healthz").filter(|(code, _)| *code == 200)
         });
-        assert_eq!(code, 200, "{body}");
     }
     let leaders = wait_until("exactly one leader", Duration::from_secs(40), || {
         let states: Vec<bool> = ports.iter().filter_map(|p| is_leader(*p)).collect();

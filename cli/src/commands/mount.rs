@@ -215,9 +215,9 @@ async fn serve(ctx: &Context, args: MountArgs) -> anyhow::Result<ExitCode> {
     if by_us {
         handle.unmount().await?;
     } else {
-        // Unmounted by someone else: keep what was fetched for the next mount.
-        let _ = tokio::time::timeout(Duration::from_secs(10), handle.fs().cache().flush()).await;
-        drop(handle);
+        // Unmounted by someone else: keep what was fetched, assembled and learned for the
+        // next mount.
+        handle.close().await;
     }
     if ctx.json() && !args.daemon_child {
         match &peer {

@@ -85,6 +85,44 @@ pub async fn push_dir(store: &ChunkStore, dir: &Path) -> Digest {
         .digest
 }
 
+/// A `file://` store in `dir` (made if missing).
+pub async fn file_store(dir: &Path) -> ChunkStore {
+    std::fs::create_dir_all(dir).unwrap();
+    ChunkStore::open(
+        &format!("file://{}", dir.display()),
+        &sealed_store::StoreOptions::default(),
+    )
+    .await
+    .unwrap()
+}
+
+/// The filesystem of a stored version, read through `cache` with `policy`.
+pub async fn open_version(
+    store: &ChunkStore,
+    digest: Digest,
+    cache: &sealed_mount::NodeCache,
+    policy: sealed_mount::ReadaheadPolicy,
+) -> sealed_mount::SealedFs {
+    let manifest = store.get_manifest(&digest).await.unwrap();
+    sealed_mount::SealedFs::new(
+        digest,
+        sealed_mount::Tree::build(manifest).unwrap(),
+        store.clone(),
+        cache.clone(),
+        policy,
+    )
+}
+
+/// A node cache with a disk tier of `disk_bytes` in `dir` (memory tier at its default).
+pub fn disk_cache(dir: &Path, disk_bytes: u64) -> sealed_mount::NodeCache {
+    sealed_mount::NodeCache::new(&sealed_mount::NodeCacheOptions {
+        disk_dir: Some(dir.to_path_buf()),
+        disk_bytes,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
 /// A file:// store in a temp dir, plus a source tree pushed into it.
 pub struct Fixture {
     pub _tmp: tempfile::TempDir,
@@ -100,13 +138,7 @@ pub async fn fixture() -> Fixture {
     std::fs::create_dir_all(&src).unwrap();
     make_tree(&src);
     let store_dir = tmp.path().join("store");
-    std::fs::create_dir_all(&store_dir).unwrap();
-    let store = ChunkStore::open(
-        &format!("file://{}", store_dir.display()),
-        &sealed_store::StoreOptions::default(),
-    )
-    .await
-    .unwrap();
+    let store = file_store(&store_dir).await;
     let digest = push_dir(&store, &src).await;
     Fixture {
         _tmp: tmp,
