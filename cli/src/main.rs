@@ -6,6 +6,7 @@ mod context;
 mod errors;
 mod kube_args;
 mod output;
+mod serving_lock;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 

@@ -203,6 +203,11 @@ fn an_unmount_by_someone_else_keeps_the_profile_and_the_hydrated_file() {
         "bytes differ through the mount"
     );
 
+    // `sealed umount` returned only once the serving process had settled: what it learned
+    // and assembled is on disk now, with no waiting here.
+    let hex = digest.trim_start_matches("blake3:");
+    let profile = store.join("profiles").join(hex);
+    let settled_before_return = profile.is_file();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while !exited(pid) {
         assert!(
@@ -211,10 +216,10 @@ fn an_unmount_by_someone_else_keeps_the_profile_and_the_hydrated_file() {
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    let hex = digest.trim_start_matches("blake3:");
+    assert!(profile.is_file(), "no learned profile stored for {digest}");
     assert!(
-        store.join("profiles").join(hex).is_file(),
-        "no learned profile stored for {digest}"
+        settled_before_return,
+        "`sealed umount` returned before the serving process stored its profile"
     );
     let file_hex = blake3::hash(&weights).to_hex().to_string();
     let hydrated = cache.join("files").join(&file_hex[..2]).join(&file_hex);

@@ -180,6 +180,9 @@ async fn serve(ctx: &Context, args: MountArgs) -> anyhow::Result<ExitCode> {
         ..MountOptions::default()
     };
     let peer = start_peer_tier(&args.peer, &cache, &store).await?;
+    // Taken before mounting and dropped last, after the settle below: `sealed umount` waits
+    // on it.
+    let _serving = crate::serving_lock::ServingLock::acquire(&args.dir);
     let mut handle = MountHandle::spawn(store, digest, &args.dir, cache, options)
         .await
         .with_context(|| format!("cannot mount {digest} on {}", args.dir.display()))?;
@@ -340,6 +343,8 @@ async fn spawn_background(args: &MountArgs) -> anyhow::Result<ExitCode> {
 pub async fn run_umount(_ctx: &Context, args: UmountArgs) -> anyhow::Result<ExitCode> {
     let dir = args.dir.clone();
     let lazy = args.lazy;
+    // Opened before unmounting: the serving process removes it as it exits.
+    let serving = crate::serving_lock::open_for_wait(&args.dir);
     tokio::task::spawn_blocking(move || sealed_mount::unmount(&dir, lazy))
         .await
         .context("unmount task failed")?
@@ -356,8 +361,33 @@ pub async fn run_umount(_ctx: &Context, args: UmountArgs) -> anyhow::Result<Exit
                 anyhow::Error::new(e)
             }
         })?;
-    eprintln!("unmounted {}", args.dir.display());
-    // Let the serving process notice and exit before we return.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let Some(serving) = serving else {
+        eprintln!("unmounted {}", args.dir.display());
+        return Ok(ExitCode::SUCCESS);
+    };
+    // The serving process now writes what it fetched, assembled and learned (bounded at 35 s
+    // in all); returning before it is done would let a caller remove or reuse that cache.
+    // A lazy unmount with files still open settles only when they close: do not wait.
+    let bound = if lazy { Duration::ZERO } else { SETTLE_WAIT };
+    let waited =
+        tokio::task::spawn_blocking(move || crate::serving_lock::wait_released(&serving, bound))
+            .await
+            .context("waiting for the serving process")?;
+    match waited {
+        Some(_) => eprintln!("unmounted {}", args.dir.display()),
+        None if lazy => eprintln!(
+            "detached {}: its serving process exits once the files open there are closed",
+            args.dir.display()
+        ),
+        None => eprintln!(
+            "unmounted {}; its serving process was still writing its cache after {} s",
+            args.dir.display(),
+            SETTLE_WAIT.as_secs()
+        ),
+    }
     Ok(ExitCode::SUCCESS)
 }
+
+/// How long `sealed umount` waits for the serving process to settle: past its own bounds
+/// (flush 10 s, assemblies 20 s, profile 5 s).
+const SETTLE_WAIT: Duration = Duration::from_secs(60);
