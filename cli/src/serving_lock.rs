@@ -22,7 +22,17 @@ impl ServingLock {
     /// (a mount stacked on another) or the runtime directory is unusable: the mount still
     /// works, only `sealed umount` cannot wait for this process.
     pub fn acquire(mount_point: &Path) -> Option<Self> {
-        let path = match lock_path(mount_point, true) {
+        match runtime_dir(true) {
+            Ok(runtime) => Self::acquire_in(&runtime, mount_point),
+            Err(e) => {
+                tracing::warn!(error = %e, "no serving lock: `sealed umount` will not wait for this process");
+                None
+            }
+        }
+    }
+
+    fn acquire_in(runtime: &Path, mount_point: &Path) -> Option<Self> {
+        let path = match lock_path(runtime, mount_point, true) {
             Ok(path) => path,
             Err(e) => {
                 tracing::warn!(error = %e, "no serving lock: `sealed umount` will not wait for this process");
@@ -74,7 +84,11 @@ impl Drop for ServingLock {
 /// The serving lock of `mount_point`, opened by `sealed umount` before it unmounts; `None`
 /// when no `sealed mount` process has served it (mounted by another tool, or long gone).
 pub fn open_for_wait(mount_point: &Path) -> Option<File> {
-    let path = lock_path(mount_point, false).ok()?;
+    open_in(&runtime_dir(false).ok()?, mount_point)
+}
+
+fn open_in(runtime: &Path, mount_point: &Path) -> Option<File> {
+    let path = lock_path(runtime, mount_point, false).ok()?;
     OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW)
@@ -103,9 +117,9 @@ pub fn wait_released(file: &File, bound: Duration) -> Option<Duration> {
     }
 }
 
-/// `<runtime dir>/mounts/<blake3 of the absolute mount point>.lock`. The parent is
+/// `<runtime>/mounts/<blake3 of the absolute mount point>.lock`. The parent is
 /// canonicalized, never the mount point itself: resolving it would ask the FUSE server.
-fn lock_path(mount_point: &Path, create: bool) -> io::Result<PathBuf> {
+fn lock_path(runtime: &Path, mount_point: &Path, create: bool) -> io::Result<PathBuf> {
     let name = mount_point.file_name().ok_or_else(|| {
         io::Error::new(io::ErrorKind::InvalidInput, "mount point has no file name")
     })?;
@@ -115,7 +129,7 @@ fn lock_path(mount_point: &Path, create: bool) -> io::Result<PathBuf> {
     };
     let absolute = parent.canonicalize()?.join(name);
     let key = blake3::hash(absolute.as_os_str().as_encoded_bytes()).to_hex();
-    let dir = runtime_dir(create)?.join("mounts");
+    let dir = runtime.join("mounts");
     if create {
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -163,14 +177,13 @@ mod tests {
         let runtime = tempfile::tempdir().unwrap();
         let mounts = tempfile::tempdir().unwrap();
         let point = mounts.path().join("mnt");
-        // SAFETY: this test module is the only user of XDG_RUNTIME_DIR in this binary.
-        unsafe { std::env::set_var("XDG_RUNTIME_DIR", runtime.path()) };
-        let held = ServingLock::acquire(&point).expect("lock taken");
+        let runtime = runtime.path();
+        let held = ServingLock::acquire_in(runtime, &point).expect("lock taken");
         assert!(
-            ServingLock::acquire(&point).is_none(),
+            ServingLock::acquire_in(runtime, &point).is_none(),
             "a second holder of the same mount point"
         );
-        let waiter = open_for_wait(&point).expect("lock file found");
+        let waiter = open_in(runtime, &point).expect("lock file found");
         assert_eq!(wait_released(&waiter, Duration::from_millis(100)), None);
         let release = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(200));
@@ -182,10 +195,11 @@ mod tests {
             "returned early: {waited:?}"
         );
         release.join().unwrap();
-        assert!(open_for_wait(&point).is_none(), "lock file left behind");
+        assert!(open_in(runtime, &point).is_none(), "lock file left behind");
         // The same directory by another spelling is the same mount point.
-        let again = ServingLock::acquire(&mounts.path().join(".").join("mnt")).expect("retaken");
-        assert!(open_for_wait(&point).is_some());
+        let again = ServingLock::acquire_in(runtime, &mounts.path().join(".").join("mnt"))
+            .expect("retaken");
+        assert!(open_in(runtime, &point).is_some());
         drop(again);
     }
 }
