@@ -7,9 +7,12 @@
 #   hack/bench-fleet.sh                  # 1 GiB version; CSV to docs/benchmarks/fleet.csv
 #   BENCH_MIB=256 BENCH_NS="1 4" hack/bench-fleet.sh
 #   hack/plot-fleet.py                   # docs/benchmarks/fleet.csv -> docs/benchmarks/fleet.png
+#   BENCH_CPUS=0.2 BENCH_CSV=docs/benchmarks/fleet-capped.csv hack/bench-fleet.sh
+#                                        # each node capped at 0.2 cores, as if on its own machine
 #
 # Env: BENCH_MIB (1024), BENCH_NS ("1 2 4 8"), BENCH_MODES ("peer origin-only"),
-# BENCH_CSV (docs/benchmarks/fleet.csv), FLEET_* as hack/fleet.sh reads them.
+# BENCH_CSV (docs/benchmarks/fleet.csv), BENCH_CPUS (cores per node: hack/fleet.sh's FLEET_CPUS;
+# default none), FLEET_* as hack/fleet.sh reads them.
 set -euo pipefail
 HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 MIB=${BENCH_MIB:-1024}
@@ -17,6 +20,7 @@ NS=${BENCH_NS:-1 2 4 8}
 MODES=${BENCH_MODES:-peer origin-only}
 CSV=${BENCH_CSV:-$HACK/../docs/benchmarks/fleet.csv}
 export FLEET_DIR=${FLEET_DIR:-/tmp/sealed-fleet-bench}
+export FLEET_CPUS=${BENCH_CPUS:-${FLEET_CPUS:-}}
 
 log() { printf '[bench-fleet] %s\n' "$*" >&2; }
 trap '"$HACK/fleet.sh" down >/dev/null 2>&1 || true' EXIT
@@ -49,14 +53,16 @@ rows = list(csv.DictReader(open(sys.argv[1])))
 runs = collections.OrderedDict()
 for r in rows:
     runs.setdefault((r["mode"], int(r["nodes"])), []).append(r)
-print("| mode | N | origin bytes / version | slowest node s | mean node s | max served / mean served |")
-print("|---|---|---|---|---|---|")
+alone = {m: max(float(r["seconds"]) for r in rs) for (m, n), rs in runs.items() if n == 1}
+print("| mode | N | origin bytes / version | slowest node s | mean node s | slowest / N=1 | max served / mean served |")
+print("|---|---|---|---|---|---|---|")
 for (mode, n), rs in runs.items():
     v = int(rs[0]["version_bytes"])
     origin = sum(int(r["origin_bytes"]) for r in rs)
     secs = [float(r["seconds"]) for r in rs]
     served = [int(r["served_bytes"]) for r in rs]
     load = (max(served) / (sum(served) / len(served))) if sum(served) else 0
+    ratio = f"{max(secs) / alone[mode]:.2f}×" if alone.get(mode) else "-"
     print(f"| {mode} | {n} | {origin / v:.2f}× | {max(secs):.1f} | {sum(secs)/len(secs):.1f} | "
-          f"{load:.2f} |")
+          f"{ratio} | {load:.2f} |")
 PY

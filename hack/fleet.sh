@@ -12,6 +12,9 @@
 # baseline), FLEET_FANOUT (64). Membership is the file $FLEET_DIR/peers, re-read every second
 # by each node: edit it to move nodes in or out. (The node plugin takes its membership from
 # the EndpointSlices of its headless Service instead; see docs/peer.md.)
+# FLEET_CPUS=0.2 gives each node (its mount process and its reader) a CPU cgroup capped at that
+# many cores, as a machine of its own would: N nodes on this 2-core box then compete for the
+# origin and each other, not for the cores (cgroup v1 `cpu` or v2 `cpu.max`).
 # Needs root and /dev/fuse; the tools come from hack/build-test-tools.sh.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR
@@ -30,6 +33,54 @@ PEER_BASE=${FLEET_PEER_BASE:-30700}
 export PATH="$("$HACK_DIR/build-test-tools.sh"):$PATH"
 export AWS_ACCESS_KEY_ID=fleet AWS_SECRET_ACCESS_KEY=fleetsecret SEALED_STORE_REGION=us-east-1
 export SEALED_STORE="s3://$BUCKET"
+
+CG_NAME=sealed-fleet
+# The CPU cgroup directory of node $1 under the hierarchy this machine has ("" without FLEET_CPUS).
+node_cgroup() {
+  [[ -n ${FLEET_CPUS:-} ]] || return 0
+  if [[ -e /sys/fs/cgroup/cgroup.controllers ]]; then
+    echo "/sys/fs/cgroup/$CG_NAME/$1"
+  else
+    echo "/sys/fs/cgroup/cpu/$CG_NAME/$1"
+  fi
+}
+
+# Makes node $1's cgroup with FLEET_CPUS cores (a quota of that share of each 100 ms period).
+cgroup_up() {
+  local dir quota
+  dir=$(node_cgroup "$1")
+  [[ -n $dir ]] || return 0
+  quota=$(python3 -c 'import sys; c = float(sys.argv[1]); assert 0.01 <= c <= 64; print(int(c * 100000))' \
+    "$FLEET_CPUS") || die "FLEET_CPUS=$FLEET_CPUS: want cores per node, 0.01 to 64"
+  if [[ -e /sys/fs/cgroup/cgroup.controllers ]]; then
+    mkdir -p "/sys/fs/cgroup/$CG_NAME"
+    grep -qw cpu /sys/fs/cgroup/cgroup.subtree_control || echo +cpu >/sys/fs/cgroup/cgroup.subtree_control
+    grep -qw cpu "/sys/fs/cgroup/$CG_NAME/cgroup.subtree_control" ||
+      echo +cpu >"/sys/fs/cgroup/$CG_NAME/cgroup.subtree_control"
+    mkdir -p "$dir" && echo "$quota 100000" >"$dir/cpu.max"
+  else
+    [[ -d /sys/fs/cgroup/cpu ]] || die "FLEET_CPUS needs a cpu cgroup controller (v1 or v2)"
+    mkdir -p "$dir" && echo 100000 >"$dir/cpu.cfs_period_us" && echo "$quota" >"$dir/cpu.cfs_quota_us"
+  fi
+}
+
+# Runs "$@" (exec) inside node $1's cgroup, if it has one.
+in_cgroup() {
+  local dir
+  dir=$(node_cgroup "$1")
+  shift
+  [[ -z $dir ]] || echo "$BASHPID" >"$dir/cgroup.procs"
+  exec "$@"
+}
+
+cgroups_down() {
+  local top
+  for top in "/sys/fs/cgroup/$CG_NAME" "/sys/fs/cgroup/cpu/$CG_NAME"; do
+    [[ -d $top ]] || continue
+    find "$top" -mindepth 1 -maxdepth 1 -type d -exec rmdir {} + 2>/dev/null || true
+    rmdir "$top" 2>/dev/null || true
+  done
+}
 
 nodes() { find "$W" -maxdepth 1 -name 'node-*' -type d 2>/dev/null | sort -V; }
 
@@ -62,8 +113,9 @@ up() {
       peer_flags=(--peers-file "$W/peers" --peer-listen "127.0.0.1:$((PEER_BASE + i))"
         --peer-token-file "$W/token" --peer-fanout "${FLEET_FANOUT:-64}")
     fi
+    cgroup_up "node-$i"
     SEALED_STORE_ENDPOINT="http://127.0.0.1:$PROXY_PORT" SEALED_LOG=${SEALED_LOG:-warn} \
-      "$SEALED" -o json mount "$digest" "$d/mnt" --cache-dir "$d/cache" --cache-size 4Gi \
+      in_cgroup "node-$i" "$SEALED" -o json mount "$digest" "$d/mnt" --cache-dir "$d/cache" --cache-size 4Gi \
       "${peer_flags[@]}" >"$d/stats.json" 2>"$d/log" &
     echo $! >"$d/pid"
   done
@@ -71,7 +123,7 @@ up() {
     for _ in $(seq 300); do mountpoint -q "$d/mnt" && break; sleep 0.1; done
     mountpoint -q "$d/mnt" || { cat "$d/log" >&2; die "$d did not mount"; }
   done
-  log "fleet up: $n nodes in $W, version $digest"
+  log "fleet up: $n nodes in $W, version $digest${FLEET_CPUS:+, $FLEET_CPUS cores each}"
 }
 
 # Every node reads every file once, all at the same moment: "node seconds bytes" lines.
@@ -79,6 +131,8 @@ read_all() {
   local d start
   for d in $(nodes); do
     (
+      dir=$(node_cgroup "$(basename "$d")")
+      [[ -z $dir ]] || echo "$BASHPID" >"$dir/cgroup.procs"
       start=$(date +%s.%N)
       bytes=$(cat "$d"/mnt/*.safetensors | wc -c)
       echo "$(basename "$d") $(echo "$(date +%s.%N) - $start" | bc) $bytes"
@@ -104,6 +158,7 @@ down() {
     while read -r p; do kill "$p" 2>/dev/null || true; done <"$W/pids"
     rm -f "$W/pids"
   fi
+  cgroups_down
   log "fleet down (counters in $W/node-*/stats.json)"
 }
 

@@ -163,6 +163,19 @@ struct Args {
     /// Most nodes one owner serves a chunk to; the owners per chunk widen beyond that
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     peer_fanout: u64,
+    /// TLS between peers (mTLS; all three files or none): this node's certificate chain
+    /// (PEM), for --peer-tls-name under the fleet's CA, with server and client use
+    #[arg(long, env = "SEALED_PEER_TLS_CERT")]
+    peer_tls_cert: Option<PathBuf>,
+    /// Its private key (PEM)
+    #[arg(long, env = "SEALED_PEER_TLS_KEY")]
+    peer_tls_key: Option<PathBuf>,
+    /// The fleet's CA certificates (PEM)
+    #[arg(long, env = "SEALED_PEER_TLS_CA")]
+    peer_tls_ca: Option<PathBuf>,
+    /// The name every peer's certificate is checked for (peers are dialled by pod IP)
+    #[arg(long, env = "SEALED_PEER_TLS_NAME", default_value = sealed_peer::tls::DEFAULT_NAME)]
+    peer_tls_name: String,
     /// Log more (-v info, -vv debug); SEALED_LOG overrides
     #[arg(long, short = 'v', action = clap::ArgAction::Count)]
     verbose: u8,
@@ -210,6 +223,13 @@ fn peer_config(args: &Args) -> anyhow::Result<Option<PeerConfig>> {
         members,
         request_timeout: Duration::from_millis(args.peer_timeout_ms),
         fanout: usize::try_from(args.peer_fanout).unwrap_or(usize::MAX),
+        // Loaded now: a certificate its peers would refuse stops the plugin at start.
+        tls: sealed_peer::PeerTls::from_flags(
+            args.peer_tls_cert.as_deref(),
+            args.peer_tls_key.as_deref(),
+            args.peer_tls_ca.as_deref(),
+            &args.peer_tls_name,
+        )?,
     }))
 }
 

@@ -28,6 +28,8 @@ pub struct PeerConfig {
     pub members: PeerMembers,
     pub request_timeout: Duration,
     pub fanout: usize,
+    /// TLS between peers; `None`: h2c.
+    pub tls: Option<sealed_peer::PeerTls>,
 }
 
 #[derive(Clone, Debug)]
@@ -53,6 +55,7 @@ pub async fn start(
     let mut options = PeerOptions::new(config.listen, config.advertise.clone(), token);
     options.set_request_timeout(config.request_timeout);
     options.fanout = config.fanout.max(1);
+    options.tls = config.tls.clone();
     let members: Membership = match &config.members {
         PeerMembers::Fixed(addrs) => membership::fixed(addrs.clone(), options.fanout),
         PeerMembers::Service {
@@ -113,7 +116,7 @@ impl PeerCollector {
             .with_label_values(&["origin"])
             .inc_by(m.store_bytes_fetched);
         out.push(Box::new(bytes));
-        let counters: [(&str, &str, u64); 17] = [
+        let counters: [(&str, &str, u64); 18] = [
             (
                 "sealed_peer_hits_total",
                 "Chunks a peer served (verified)",
@@ -193,6 +196,11 @@ impl PeerCollector {
                 "sealed_peer_forwarded_total",
                 "Requests this node (a secondary owner) passed on to the primary",
                 p.forwarded,
+            ),
+            (
+                "sealed_peer_tls_refused_total",
+                "Connections to the TLS peer port whose handshake failed or stalled",
+                p.tls_refused,
             ),
             (
                 "sealed_peer_fetched_bytes_total",

@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{Container, PodSpec};
+use k8s_openapi::api::core::v1::{Container, PodSpec, Secret};
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
 use k8s_openapi::api::storage::v1::CSIDriver;
 use sealed_test_support::servers::built_binary;
@@ -1408,6 +1408,118 @@ fn alert_rules_dashboard_and_relabelings_render_and_pass_promtool() -> Result<()
         .arg(&file)
         .output()?;
     assert!(!out.status.success(), "promtool passed a broken rule");
+    Ok(())
+}
+
+#[test]
+fn peer_tls_renders_a_certificate_the_plugin_accepts_for_the_fleet_name() -> Result<()> {
+    let Some(helm) = helm("peer_tls_renders_a_certificate_the_plugin_accepts_for_the_fleet_name")
+    else {
+        return Ok(());
+    };
+    let secret_name = "sv-sealed-volumes-peer-tls";
+    // Off by default: no flags, no Secret, no volume.
+    let docs = render(&helm, &["peer.enabled=true"])?;
+    let plugin = container(pod_spec(&daemonset(&docs)?), "plugin").clone();
+    assert_eq!(flag(&plugin, "--peer-tls-cert"), None);
+    assert!(
+        of_kind(&docs, "Secret")
+            .iter()
+            .all(|s| s["metadata"]["name"] != secret_name)
+    );
+
+    let docs = render(
+        &helm,
+        &[
+            "peer.enabled=true",
+            "peer.tls.enabled=true",
+            "peer.tls.name=fleet-a",
+        ],
+    )?;
+    let ds = daemonset(&docs)?;
+    let spec = pod_spec(&ds);
+    let plugin = container(spec, "plugin");
+    let mount = plugin
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == "peer-tls")
+        .context("the peer TLS Secret is not mounted")?;
+    assert_eq!(mount.read_only, Some(true));
+    let file = |flag_name: &str, key: &str| -> Result<()> {
+        let path = flag(plugin, flag_name).with_context(|| format!("no {flag_name}"))?;
+        assert_eq!(path, format!("{}/{key}", mount.mount_path), "{flag_name}");
+        Ok(())
+    };
+    file("--peer-tls-cert", "tls.crt")?;
+    file("--peer-tls-key", "tls.key")?;
+    file("--peer-tls-ca", "ca.crt")?;
+    assert_eq!(flag(plugin, "--peer-tls-name").as_deref(), Some("fleet-a"));
+    let volume = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "peer-tls")
+        .context("no peer-tls volume")?;
+    assert_eq!(
+        volume
+            .secret
+            .as_ref()
+            .and_then(|s| s.secret_name.as_deref()),
+        Some(secret_name)
+    );
+
+    // The Secret the chart made: what the plugin loads at start (PeerTls checks that its own
+    // certificate, for the fleet name, would be accepted by its peers), pinned to that name.
+    let secret: Secret = serde_json::from_value(
+        of_kind(&docs, "Secret")
+            .into_iter()
+            .find(|s| s["metadata"]["name"] == secret_name)
+            .context("no peer TLS Secret")?
+            .clone(),
+    )?;
+    assert_eq!(secret.type_.as_deref(), Some("kubernetes.io/tls"));
+    let data = secret.data.context("the peer TLS Secret has no data")?;
+    let key = |k: &str| -> Result<&[u8]> {
+        Ok(&data
+            .get(k)
+            .with_context(|| format!("no {k} in the Secret"))?
+            .0)
+    };
+    let (cert, private_key, ca) = (key("tls.crt")?, key("tls.key")?, key("ca.crt")?);
+    let tls = sealed_peer::tls::PeerTls::from_pem(cert, private_key, ca, "fleet-a")
+        .context("the node plugin would refuse the chart's certificate")?;
+    assert_eq!(tls.name(), "fleet-a");
+    assert!(
+        sealed_peer::tls::PeerTls::from_pem(cert, private_key, ca, "sealed-peer").is_err(),
+        "the chart's certificate is not pinned to peer.tls.name"
+    );
+
+    // An existing Secret (cert-manager's, say): none made, that one mounted.
+    let docs = render(
+        &helm,
+        &[
+            "peer.enabled=true",
+            "peer.tls.enabled=true",
+            "peer.tls.existingSecret=fleet-cert",
+        ],
+    )?;
+    assert!(
+        of_kind(&docs, "Secret")
+            .iter()
+            .all(|s| s["metadata"]["name"] != secret_name)
+    );
+    let volume = pod_spec(&daemonset(&docs)?)
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "peer-tls")
+        .cloned()
+        .context("no peer-tls volume")?;
+    assert_eq!(
+        volume.secret.and_then(|s| s.secret_name).as_deref(),
+        Some("fleet-cert")
+    );
     Ok(())
 }
 

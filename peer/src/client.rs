@@ -18,6 +18,10 @@ use crate::ring::{Member, RingView, Role};
 use crate::token::PeerToken;
 use crate::{HOP_HEADER, PeerError, PeerOptions, chunk_path};
 
+/// Time a TLS handshake may add to the connect bound (two round trips and a signature each
+/// way, on a loaded node).
+const TLS_HANDSHAKE_ALLOWANCE: Duration = Duration::from_secs(1);
+
 /// Asks the owners. Cheap to clone.
 #[derive(Clone)]
 pub struct PeerClient {
@@ -28,6 +32,8 @@ struct Inner {
     me: Member,
     ring: RingView,
     http: reqwest::Client,
+    /// `http` (h2c) or `https` (TLS, the peer's certificate checked for the fleet name).
+    scheme: &'static str,
     token: PeerToken,
     request_timeout: Duration,
     body_timeout: Duration,
@@ -43,21 +49,37 @@ impl PeerClient {
         ring: RingView,
         metrics: Arc<PeerMetrics>,
     ) -> Result<PeerClient, PeerError> {
+        // The connect bound covers the TLS handshake too.
+        let (scheme, tls, connect_timeout) = match &options.tls {
+            Some(tls) => (
+                "https",
+                tls.client_config(),
+                options.connect_timeout + TLS_HANDSHAKE_ALLOWANCE,
+            ),
+            None => (
+                "http",
+                crate::tls::plaintext_client_config()?,
+                options.connect_timeout,
+            ),
+        };
         let http = reqwest::Client::builder()
-            // Peers speak h2c: one connection per owner carries every concurrent request.
+            // HTTP/2 always (h2c, or ALPN h2): one connection per owner carries every
+            // concurrent request.
             .http2_prior_knowledge()
-            .connect_timeout(options.connect_timeout)
+            .use_preconfigured_tls(tls)
+            .connect_timeout(connect_timeout)
             // No HTTP/2 keep-alive pings: an owner busy hashing may answer a ping late, and a
             // missed ping closes the connection with every request on it. The request bound
             // covers a peer that went away.
             .pool_idle_timeout(Duration::from_secs(90))
             .build()
-            .map_err(|e| PeerError::Client(e.to_string()))?;
+            .map_err(|e| PeerError::Client(chain(&e)))?;
         Ok(PeerClient {
             inner: Arc::new(Inner {
                 me: Member::new(options.advertise.clone()),
                 ring,
                 http,
+                scheme,
                 token: options.token.clone(),
                 request_timeout: options.request_timeout,
                 body_timeout: options.body_timeout,
@@ -167,7 +189,7 @@ impl Inner {
         chunk: ChunkRef,
         last_hop: bool,
     ) -> Result<reqwest::Response, Failure> {
-        let url = format!("http://{}{}", owner.addr, chunk_path(&chunk));
+        let url = format!("{}://{}{}", self.scheme, owner.addr, chunk_path(&chunk));
         let mut request = self
             .http
             .get(url)

@@ -13,6 +13,7 @@ pub mod membership;
 pub mod metrics;
 pub mod ring;
 pub mod server;
+pub mod tls;
 pub mod token;
 
 use std::net::SocketAddr;
@@ -27,6 +28,7 @@ pub use client::PeerClient;
 pub use membership::Membership;
 pub use metrics::{PeerMetrics, PeerSnapshot};
 pub use ring::{Member, Ring, RingView, Role};
+pub use tls::PeerTls;
 pub use token::PeerToken;
 
 /// Marks a request as the last hop: the owner answers from its tiers or the origin, never
@@ -39,6 +41,8 @@ pub enum PeerError {
     Token(String),
     #[error("peer membership: {0}")]
     Membership(String),
+    #[error("peer TLS: {0}")]
+    Tls(String),
     #[error("peer client: {0}")]
     Client(String),
     #[error("cannot listen for peers on {addr}: {source}")]
@@ -56,6 +60,9 @@ pub struct PeerOptions {
     /// This node's address as the others see it in the membership (`host:port`).
     pub advertise: String,
     pub token: PeerToken,
+    /// TLS on the peer port, both ways (mTLS); `None`: h2c. Every member of a fleet must
+    /// agree: a TLS node and an h2c node cannot talk, and each reads from the origin.
+    pub tls: Option<PeerTls>,
     /// Bound on an owner's answer to start (its headers, sent before it has the chunk),
     /// after which the reader fetches from the origin itself and the owner is marked down.
     pub request_timeout: Duration,
@@ -87,6 +94,7 @@ impl PeerOptions {
             listen,
             advertise,
             token,
+            tls: None,
             request_timeout: Duration::from_secs(3),
             body_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_millis(500),
@@ -147,8 +155,14 @@ impl PeerNode {
             membership.view.clone(),
             metrics.clone(),
         );
+        let tls = options.tls.clone();
+        let server_metrics = metrics.clone();
         let server = tokio::spawn(async move {
-            if let Err(e) = server::serve(listener, router).await {
+            let served = match &tls {
+                Some(tls) => server::serve_tls(listener, router, tls, server_metrics).await,
+                None => server::serve(listener, router).await,
+            };
+            if let Err(e) = served {
                 tracing::error!(error = %e, "the peer server stopped");
             }
         });
@@ -157,7 +171,7 @@ impl PeerNode {
             tracing::warn!("this cache already had a peer tier; keeping that one");
         }
         tracing::info!(listen = %local_addr, advertise = %options.advertise,
-            members = membership.view.borrow().len(), "peer tier on");
+            tls = options.tls.as_ref().map(|t| t.name()), members = membership.view.borrow().len(), "peer tier on");
         Ok(PeerNode {
             metrics,
             local_addr,

@@ -30,6 +30,9 @@ pub struct PeerMetrics {
     pub served_errors: AtomicU64,
     /// Requests this node (a secondary owner) passed on to a chunk's primary.
     pub forwarded: AtomicU64,
+    /// Connections to this node's TLS peer port whose handshake failed or stalled: a client
+    /// without a certificate of this fleet (another CA, another name, h2c), or a slowloris.
+    pub tls_refused: AtomicU64,
 }
 
 /// A point-in-time copy, for JSON and tests.
@@ -48,6 +51,7 @@ pub struct PeerSnapshot {
     pub served_busy: u64,
     pub served_errors: u64,
     pub forwarded: u64,
+    pub tls_refused: u64,
 }
 
 impl PeerMetrics {
@@ -75,6 +79,7 @@ impl PeerMetrics {
             served_busy: g(&self.served_busy),
             served_errors: g(&self.served_errors),
             forwarded: g(&self.forwarded),
+            tls_refused: g(&self.tls_refused),
         }
     }
 }

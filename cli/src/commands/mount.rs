@@ -101,6 +101,37 @@ pub struct PeerArgs {
     /// Most nodes one owner serves a chunk to; the owners per chunk widen beyond that
     #[arg(long, default_value_t = 64)]
     pub peer_fanout: usize,
+    #[command(flatten)]
+    pub tls: PeerTlsArgs,
+}
+
+/// TLS between peers (mTLS; off by default: h2c). All three files go together.
+#[derive(Args, Debug)]
+pub struct PeerTlsArgs {
+    /// This node's certificate chain (PEM, leaf first), for --peer-tls-name, signed by the
+    /// fleet's CA, with server and client use
+    #[arg(long, env = "SEALED_PEER_TLS_CERT")]
+    pub peer_tls_cert: Option<PathBuf>,
+    /// Its private key (PEM)
+    #[arg(long, env = "SEALED_PEER_TLS_KEY")]
+    pub peer_tls_key: Option<PathBuf>,
+    /// The fleet's CA certificates (PEM): peers must present a certificate under them
+    #[arg(long, env = "SEALED_PEER_TLS_CA")]
+    pub peer_tls_ca: Option<PathBuf>,
+    /// The name every peer's certificate is checked for (peers are dialled by address)
+    #[arg(long, default_value = sealed_peer::tls::DEFAULT_NAME, env = "SEALED_PEER_TLS_NAME")]
+    pub peer_tls_name: String,
+}
+
+impl PeerTlsArgs {
+    pub fn load(&self) -> anyhow::Result<Option<sealed_peer::PeerTls>> {
+        Ok(sealed_peer::PeerTls::from_flags(
+            self.peer_tls_cert.as_deref(),
+            self.peer_tls_key.as_deref(),
+            self.peer_tls_ca.as_deref(),
+            &self.peer_tls_name,
+        )?)
+    }
 }
 
 #[derive(Args, Debug)]
@@ -270,6 +301,7 @@ async fn start_peer_tier(
         args.peer_timeout_ms.clamp(1, 600_000),
     ));
     options.fanout = args.peer_fanout.max(1);
+    options.tls = args.tls.load()?;
     let members = match &args.peers_file {
         Some(path) => membership::from_file(path.clone(), options.fanout, Duration::from_secs(1))?,
         None => {
