@@ -91,13 +91,6 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-fn du(dir: &Path) -> u64 {
-    files_under(dir)
-        .iter()
-        .map(|p| fs::metadata(p).map(|m| m.len()).unwrap_or(0))
-        .sum()
-}
-
 /// Reads with O_DIRECT (aligned buffer, aligned offsets) until the end, 8 MiB at a time: the
 /// kernel splits each into 1 MiB FUSE requests sent at once (`FUSE_ASYNC_DIO`) when the file
 /// is daemon-served, and the last read of a 9 MiB file is short.
@@ -217,7 +210,7 @@ fn complete_files_are_hydrated_and_served_by_passthrough() {
             );
         }
     }
-    assert!(du(cache_dir.path()) <= bound);
+    assert!(disk_usage(cache_dir.path()) <= bound);
 
     // New opens: byte-identical through read, pread, mmap and O_DIRECT.
     let before = handle.metrics().snapshot();
@@ -281,13 +274,13 @@ fn eviction_never_takes_an_open_passthrough_file() {
         for _ in 0..2 {
             assert!(fs::read(m.join(rel)).unwrap() == fs::read(fx.src.join(rel)).unwrap());
         }
-        let used = du(cache_dir.path());
+        let used = disk_usage(cache_dir.path());
         assert!(
             used <= bound,
             "over the bound: {used} (files {}, chunks {}, tmp {}), {:?}",
-            du(&cache_dir.path().join("files")),
-            du(&cache_dir.path().join("chunks")),
-            du(&cache_dir.path().join("tmp")),
+            disk_usage(&cache_dir.path().join("files")),
+            disk_usage(&cache_dir.path().join("chunks")),
+            disk_usage(&cache_dir.path().join("tmp")),
             handle.metrics().snapshot()
         );
     }

@@ -236,22 +236,6 @@ async fn unreachable_store_fails_within_the_bound_and_cached_data_is_still_serve
     assert!(read_all(&fs, ino, 1 << 20).await == want);
 }
 
-fn du(dir: &Path) -> u64 {
-    let mut total = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(d).unwrap() {
-            let e = e.unwrap();
-            if e.file_type().unwrap().is_dir() {
-                stack.push(e.path());
-            } else {
-                total += e.metadata().unwrap().len();
-            }
-        }
-    }
-    total
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn disk_cache_is_bounded_survives_restart_and_is_shared_between_versions() {
     let fx = fixture().await;
@@ -273,13 +257,13 @@ async fn disk_cache_is_bounded_survives_restart_and_is_shared_between_versions()
             let want = std::fs::read(fx.src.join(&rel)).unwrap();
             assert!(read_all(&fs, ino, 1 << 20).await == want, "{rel}");
             assert!(
-                du(cache_dir.path()) <= bound,
+                disk_usage(cache_dir.path()) <= bound,
                 "cache over its bound after {rel}"
             );
         }
         assert!(fs.metrics().snapshot().disk_evictions > 0);
         cache.flush().await;
-        assert!(du(cache_dir.path()) <= bound);
+        assert!(disk_usage(cache_dir.path()) <= bound);
     }
 
     // Restart with a roomy bound: read one file, drop the process state, read it again.

@@ -350,6 +350,30 @@ pub fn walk(root: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// Bytes in the files under `dir`. The cache renames temporary files into place and evicts
+/// while a test measures it, so an entry that vanishes between the listing and its `stat`
+/// counts as gone, not as an error.
+pub fn disk_usage(dir: &Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let entries = match std::fs::read_dir(&d) {
+            Ok(entries) => entries,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound && d != dir => continue,
+            Err(err) => panic!("list {}: {err}", d.display()),
+        };
+        for e in entries.flatten() {
+            match e.metadata() {
+                Ok(m) if m.is_dir() => stack.push(e.path()),
+                Ok(m) => total += m.len(),
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                Err(err) => panic!("stat {}: {err}", e.path().display()),
+            }
+        }
+    }
+    total
+}
+
 /// A file entry of `content` made of `chunks`, with its size and BLAKE3 (for hand-made
 /// manifests).
 pub fn file_entry(
