@@ -7,8 +7,8 @@
 #   hack/bench-fleet.sh                  # 1 GiB version; CSV to docs/benchmarks/fleet.csv
 #   BENCH_MIB=256 BENCH_NS="1 4" hack/bench-fleet.sh
 #   hack/plot-fleet.py                   # docs/benchmarks/fleet.csv -> docs/benchmarks/fleet.png
-#   BENCH_CPUS=0.2 BENCH_CSV=docs/benchmarks/fleet-capped.csv hack/bench-fleet.sh
-#                                        # each node capped at 0.2 cores, as if on its own machine
+#   BENCH_CPUS=0.1 BENCH_CSV=docs/benchmarks/fleet-capped-0.1.csv hack/bench-fleet.sh
+#                                        # each node capped at 0.1 cores, as if on its own machine
 #
 # Env: BENCH_MIB (1024), BENCH_NS ("1 2 4 8"), BENCH_MODES ("peer origin-only"),
 # BENCH_CSV (docs/benchmarks/fleet.csv), BENCH_CPUS (cores per node: hack/fleet.sh's FLEET_CPUS;

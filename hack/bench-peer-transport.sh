@@ -5,16 +5,19 @@
 # chunk size, one server process per transport holding BENCH_MIB of pseudo-random chunks in
 # memory, then BENCH_RUNS interleaved rounds (HTTP/2, iroh, HTTP/2, iroh, ...) of a fetch
 # process getting every chunk at BENCH_CONCURRENCY and BENCH_SERIAL_CHUNKS of them one at a
-# time, all on 127.0.0.1. HTTP/2 is the peer tier's own shape (axum h2c server, the peer
-# client's reqwest settings, BLAKE3 check per chunk); iroh-blobs is a MemStore behind an
-# endpoint bound to 127.0.0.1 with no relay and no address lookup, read with get_blob.
+# time, all on 127.0.0.1. HTTP/2 is the peer tier's own code, linked by path: its router over
+# a NodeCache holding the chunks in memory, server::serve (h2c) or server::serve_tls (mTLS,
+# PeerTls::from_pem, the fleet name checked), and a PeerClient asking it for every chunk, each
+# answer BLAKE3-checked; iroh-blobs is a MemStore behind an endpoint bound to 127.0.0.1 with
+# no relay and no address lookup, read with get_blob. Transports: BENCH_TRANSPORTS
+# (http2,iroh,http2-tls; also http2-nagle, the server before TCP_NODELAY).
 # Prints Markdown on stdout (best and median GB/s, CPU seconds per GB of both processes,
 # p50/p99 per chunk, and iroh/HTTP/2 ratios); each run on stderr.
 #
 #   hack/bench-peer-transport.sh                     # 256K, 1M and 4M chunks; 1 GiB each; 3 runs
 #   BENCH_SIZES=1M BENCH_RUNS=5 hack/bench-peer-transport.sh
 #
-# Env: BENCH_SIZES (256K,1M,4M), BENCH_MIB (1024), BENCH_CONCURRENCY (64), BENCH_RUNS (3),
+# Env: BENCH_TRANSPORTS, BENCH_SIZES (256K,1M,4M), BENCH_MIB (1024), BENCH_CONCURRENCY (64), BENCH_RUNS (3),
 # BENCH_SERIAL_CHUNKS (256), BENCH_DIR (/tmp/sealed-peer-transport-bench), BENCH_CSV (every
 # run as CSV; none by default), CARGO_TARGET_DIR (default under $SEALED_CACHE, never in the
 # repository).
@@ -45,7 +48,8 @@ log "$(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 rm -rf --one-file-system "$W"
 mkdir -p "$W"
 trap 'rm -rf --one-file-system "$W"' EXIT
-args=(compare --sizes "${BENCH_SIZES:-256K,1M,4M}" --total-mib "${BENCH_MIB:-1024}"
+args=(compare --transports "${BENCH_TRANSPORTS:-http2,iroh,http2-tls}"
+  --sizes "${BENCH_SIZES:-256K,1M,4M}" --total-mib "${BENCH_MIB:-1024}"
   --concurrency "${BENCH_CONCURRENCY:-64}" --runs "${BENCH_RUNS:-3}"
   --serial-chunks "${BENCH_SERIAL_CHUNKS:-256}" --dir "$W")
 [[ -n ${BENCH_CSV:-} ]] && args+=(--csv "$BENCH_CSV")

@@ -246,40 +246,40 @@ async fn serve(
     };
     match transport {
         Transport::Http2 | Transport::Http2Nagle | Transport::Http2Tls => {
-            use axum::serve::ListenerExt;
-            let (listener, router) = http2::listen(set).await?;
+            let served = http2::listen(set).await?;
             let sides = (transport == Transport::Http2Tls)
                 .then(tls::make)
                 .transpose()?;
             let ready = Ready {
                 pid,
-                addr: listener.local_addr()?.to_string(),
+                addr: served.listener.local_addr()?.to_string(),
                 id: None,
                 tls: sides.as_ref().map(|(_, client)| client.clone()),
             };
             println!("{}", serde_json::to_string(&ready)?);
+            let http2::Served {
+                listener,
+                router,
+                metrics,
+                members: _members,
+            } = served;
             match (transport, sides) {
                 (Transport::Http2Tls, Some((server, _))) => {
-                    let config = tls::server_config(&server)?;
+                    let tls = server.peer_tls()?;
                     tokio::select! {
-                        served = tls::serve(listener, router, config) => served?,
+                        served = sealed_peer::server::serve_tls(listener, router, &tls, metrics) => served?,
                         () = until_stdin_closes => {}
                     }
                 }
+                // The diagnostic: plain axum::serve, Nagle left on.
                 (Transport::Http2Nagle, _) => tokio::select! {
                     served = axum::serve(listener, router) => served?,
                     () = until_stdin_closes => {}
                 },
-                _ => {
-                    let listener = listener.tap_io(|tcp| {
-                        // Best effort, as server::serve: a socket without it still serves.
-                        let _ = tcp.set_nodelay(true);
-                    });
-                    tokio::select! {
-                        served = axum::serve(listener, router) => served?,
-                        () = until_stdin_closes => {}
-                    }
-                }
+                _ => tokio::select! {
+                    served = sealed_peer::server::serve(listener, router) => served?,
+                    () = until_stdin_closes => {}
+                },
             }
         }
         Transport::Iroh => {
@@ -306,18 +306,12 @@ async fn fetch(
 ) -> anyhow::Result<RunResult> {
     let concurrency = concurrency.max(1);
     // Client state is made before the clock starts; connecting is inside the window.
-    let (http, base) = match &server.tls {
-        Some(side) => {
-            let addr: std::net::SocketAddr = server.addr.parse()?;
-            (
-                http2::client(tls::client_config(side)?, Some(addr))?,
-                format!("https://{}:{}", tls::NAME, addr.port()),
-            )
+    let peer = match transport {
+        Transport::Http2 | Transport::Http2Tls | Transport::Http2Nagle => {
+            let tls = server.tls.as_ref().map(tls::Side::peer_tls).transpose()?;
+            Some(http2::client(&server.addr, tls)?)
         }
-        None => (
-            http2::client(tls::plaintext_client_config()?, None)?,
-            format!("http://{}", server.addr),
-        ),
+        Transport::Iroh => None,
     };
     let endpoint = match transport {
         Transport::Iroh => Some(irohb::client().await?),
@@ -336,7 +330,10 @@ async fn fetch(
             connection.close(0u32.into(), b"done");
             latencies
         }
-        (None, None) => http2::fetch_all(&http, &base, keys, concurrency).await?,
+        (None, None) => match &peer {
+            Some((client, _members)) => http2::fetch_all(client, keys, concurrency).await?,
+            None => bail!("no peer client for transport {}", transport.name()),
+        },
         _ => bail!("server line does not match transport {}", transport.name()),
     };
     let wall_s = t0.elapsed().as_secs_f64();

@@ -1,25 +1,13 @@
-//! Transport C: HTTP/2 over mTLS, as the peer tier with `--peer-tls-*` (peer/src/tls.rs,
-//! server::serve_tls): rustls on ring, TLS 1.3 or 1.2, ALPN h2, a certificate for the fleet
-//! name under one CA on both sides, hyper's HTTP/2 server on each accepted TLS stream, and
-//! TCP_NODELAY. The server makes the CA and both certificates and hands the client its part
-//! in the ready line.
+//! Transport C's certificates: a CA and a certificate for the fleet name under it for each
+//! side, as an operator would issue them (docs/peer.md, "TLS"). Everything past the PEM is
+//! the tier's own `PeerTls::from_pem`, which checks the fleet name on both ends.
 
-use std::sync::Arc;
-
-use anyhow::Context;
-use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::service::TowerToHyperService;
 use rcgen::{BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::WebPkiClientVerifier;
-use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use sealed_peer::PeerTls;
 use serde::{Deserialize, Serialize};
-use tokio::net::TcpListener;
 
-/// The fleet name in both certificates (the peer tier's default `--peer-tls-name`).
-pub const NAME: &str = "sealed-peer";
+/// The fleet name in both certificates (the tier's default `--peer-tls-name`).
+pub const NAME: &str = sealed_peer::tls::DEFAULT_NAME;
 
 /// One side's certificate and key, and the CA both trust (PEM).
 #[derive(Serialize, Deserialize, Clone)]
@@ -27,6 +15,17 @@ pub struct Side {
     pub cert: String,
     pub key: String,
     pub ca: String,
+}
+
+impl Side {
+    pub fn peer_tls(&self) -> anyhow::Result<PeerTls> {
+        Ok(PeerTls::from_pem(
+            self.cert.as_bytes(),
+            self.key.as_bytes(),
+            self.ca.as_bytes(),
+            NAME,
+        )?)
+    }
 }
 
 /// A CA and a certificate for the fleet name under it for each side.
@@ -51,79 +50,4 @@ pub fn make() -> anyhow::Result<(Side, Side)> {
         })
     };
     Ok((leaf()?, leaf()?))
-}
-
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-fn parts(
-    side: &Side,
-) -> anyhow::Result<(
-    Vec<CertificateDer<'static>>,
-    PrivateKeyDer<'static>,
-    RootCertStore,
-)> {
-    let chain = CertificateDer::pem_slice_iter(side.cert.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .context("certificate PEM")?;
-    let key = PrivateKeyDer::from_pem_slice(side.key.as_bytes()).context("key PEM")?;
-    let mut roots = RootCertStore::empty();
-    for ca in CertificateDer::pem_slice_iter(side.ca.as_bytes()) {
-        roots.add(ca.context("CA PEM")?)?;
-    }
-    Ok((chain, key, roots))
-}
-
-pub fn server_config(side: &Side) -> anyhow::Result<ServerConfig> {
-    let (chain, key, roots) = parts(side)?;
-    let verifier =
-        WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider()).build()?;
-    let mut config = ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(chain, key)?;
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(config)
-}
-
-pub fn client_config(side: &Side) -> anyhow::Result<ClientConfig> {
-    let (chain, key, roots) = parts(side)?;
-    let mut config = ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_client_auth_cert(chain, key)?;
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(config)
-}
-
-/// Serves `router` over TLS on `listener` until the task is dropped.
-pub async fn serve(
-    listener: TcpListener,
-    router: Router,
-    config: ServerConfig,
-) -> anyhow::Result<()> {
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    loop {
-        let (tcp, _) = listener.accept().await?;
-        let _ = tcp.set_nodelay(true);
-        let (acceptor, router) = (acceptor.clone(), router.clone());
-        tokio::spawn(async move {
-            let Ok(stream) = acceptor.accept(tcp).await else {
-                return;
-            };
-            let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), TowerToHyperService::new(router))
-                .await;
-        });
-    }
-}
-
-/// For h2c: reqwest's rustls backend builds a config anyway and would look for a
-/// process-default provider (as peer/src/tls.rs's plaintext_client_config).
-pub fn plaintext_client_config() -> anyhow::Result<ClientConfig> {
-    Ok(ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(RootCertStore::empty())
-        .with_no_client_auth())
 }
