@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::{Path, Query};
-use common::{Fleet, Gate, TOKEN, counter, peer_counter, ports, read_at_once, read_at_once_gated};
+use common::{
+    Fleet, Gate, TOKEN, counter, peer_counter, ports, read_at_once_gated, read_everywhere,
+};
 
 #[test]
 fn a_peer_killed_mid_read_leaves_the_others_reading_from_the_store() {
@@ -110,15 +112,9 @@ fn a_peer_serving_wrong_bytes_is_caught_and_the_chunk_refetched() {
     let nodes: Vec<_> = (0..2)
         .map(|i| fleet.node(i, ports[i], &peers, &[]))
         .collect();
-    let files = Arc::new(fleet.files.clone());
-    let (_, readers) = read_at_once(
-        nodes.iter().map(|n| n.mnt.clone()).collect(),
-        &files,
-        Duration::ZERO,
-    );
-    for r in readers {
+    for wrong in read_everywhere(&fleet, &nodes) {
         assert_eq!(
-            r.join().unwrap(),
+            wrong,
             Vec::<String>::new(),
             "a peer's wrong bytes reached a reader"
         );

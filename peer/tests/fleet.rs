@@ -4,10 +4,7 @@
 
 mod common;
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use common::{Fleet, counter, peer_counter, ports, read_at_once};
+use common::{Fleet, counter, peer_counter, ports, read_everywhere};
 
 #[test]
 fn four_nodes_read_a_version_from_the_store_about_once() {
@@ -19,14 +16,8 @@ fn four_nodes_read_a_version_from_the_store_about_once() {
     let nodes: Vec<_> = (0..4)
         .map(|i| fleet.node(i, ports[i], &peers, &[]))
         .collect();
-    let files = Arc::new(fleet.files.clone());
-    let (_, readers) = read_at_once(
-        nodes.iter().map(|n| n.mnt.clone()).collect(),
-        &files,
-        Duration::ZERO,
-    );
-    for r in readers {
-        assert_eq!(r.join().unwrap(), Vec::<String>::new(), "wrong bytes read");
+    for wrong in read_everywhere(&fleet, &nodes) {
+        assert_eq!(wrong, Vec::<String>::new(), "wrong bytes read");
     }
     let stats: Vec<_> = nodes.into_iter().map(|n| n.stop()).collect();
     let origin: u64 = stats
@@ -68,14 +59,8 @@ fn hot_chunks_have_several_owners_and_still_one_origin_fetch() {
     let nodes: Vec<_> = (0..4)
         .map(|i| fleet.node(i, ports[i], &peers, &[]))
         .collect();
-    let files = Arc::new(fleet.files.clone());
-    let (_, readers) = read_at_once(
-        nodes.iter().map(|n| n.mnt.clone()).collect(),
-        &files,
-        Duration::ZERO,
-    );
-    for r in readers {
-        assert_eq!(r.join().unwrap(), Vec::<String>::new(), "wrong bytes read");
+    for wrong in read_everywhere(&fleet, &nodes) {
+        assert_eq!(wrong, Vec::<String>::new(), "wrong bytes read");
     }
     let stats: Vec<_> = nodes.into_iter().map(|n| n.stop()).collect();
     let origin: u64 = stats

@@ -6,10 +6,8 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
 
-use common::{Fleet, counter, peer_counter, ports, read_at_once};
+use common::{Fleet, counter, peer_counter, ports, read_everywhere};
 use rcgen::{BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair};
 
 /// The fleet name of the certificates (the default of `--peer-tls-name`).
@@ -78,14 +76,8 @@ fn peers_of_the_fleet_ca_serve_each_other_and_a_foreign_certificate_gets_nothing
             fleet.node(i, ports[i], &peers, &extra)
         })
         .collect();
-    let files = Arc::new(fleet.files.clone());
-    let (_, readers) = read_at_once(
-        nodes.iter().map(|n| n.mnt.clone()).collect(),
-        &files,
-        Duration::ZERO,
-    );
-    for r in readers {
-        assert_eq!(r.join().unwrap(), Vec::<String>::new(), "wrong bytes read");
+    for wrong in read_everywhere(&fleet, &nodes) {
+        assert_eq!(wrong, Vec::<String>::new(), "wrong bytes read");
     }
     let stats: Vec<_> = nodes.into_iter().map(|n| n.stop()).collect();
     for s in &stats {

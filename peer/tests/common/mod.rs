@@ -355,6 +355,21 @@ pub fn read_at_once_gated(
     (progress, handles)
 }
 
+/// Every node reads every file of the fleet's version at once, without pauses, and waits for
+/// them: the files each node read wrong, in node order (empty where every byte was right).
+pub fn read_everywhere(fleet: &Fleet, nodes: &[Node]) -> Vec<Vec<String>> {
+    let files = Arc::new(fleet.files.clone());
+    let (_, readers) = read_at_once(
+        nodes.iter().map(|n| n.mnt.clone()).collect(),
+        &files,
+        Duration::ZERO,
+    );
+    readers
+        .into_iter()
+        .map(|r| r.join().expect("a reader thread panicked"))
+        .collect()
+}
+
 pub fn counter(stats: &serde_json::Value, key: &str) -> u64 {
     stats[key]
         .as_u64()
