@@ -5,17 +5,11 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::path::Path;
 
 use common::{Plugin, can_mount, store_with_version};
 use sealed_csi::proto::csi::NodeUnpublishVolumeRequest;
 use sealed_csi::proto::csi::node_client::NodeClient;
-
-fn free_addr() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap()
-}
 
 fn read_tree(dir: &Path) -> u64 {
     let mut total = 0;
@@ -33,8 +27,9 @@ fn read_tree(dir: &Path) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthz_and_metrics_follow_publishes() {
     let store = store_with_version("healthz_and_metrics_follow_publishes").await;
-    let addr = free_addr();
-    let plugin = Plugin::start(&store.url, &[&format!("--metrics-addr={addr}")]);
+    let addr = sealed_test_support::servers::free_addr();
+    let mut plugin = Plugin::start(&store.url, &[&format!("--metrics-addr={addr}")]);
+    plugin.wait_listening(addr);
     let (status, body) = common::http_get(addr, "/healthz");
     assert_eq!(status, 200, "{body}\nlog:\n{}", plugin.log());
     assert!(body.starts_with("ok"), "{body}");

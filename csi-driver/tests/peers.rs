@@ -13,11 +13,6 @@ use std::path::Path;
 
 const TOKEN: &str = "csi-peer-test-token-0123456789abcdef";
 
-fn free_addr() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap()
-}
-
 /// Every file under `dir`, compared with the same path under `want`; returns bytes read.
 fn read_and_compare(dir: &Path, want: &Path) -> u64 {
     let mut total = 0;
@@ -81,7 +76,9 @@ async fn plugins_read_a_version_once_from_the_origin_and_survive_a_dead_peer() {
 
     let token = store.dir.path().join("token");
     std::fs::write(&token, TOKEN).unwrap();
-    let peers: Vec<SocketAddr> = (0..3).map(|_| free_addr()).collect();
+    let peers: Vec<SocketAddr> = (0..3)
+        .map(|_| sealed_test_support::servers::free_addr())
+        .collect();
     let list = peers
         .iter()
         .map(|p| p.to_string())
@@ -90,8 +87,8 @@ async fn plugins_read_a_version_once_from_the_origin_and_survive_a_dead_peer() {
     let nodes: Vec<Node> = peers
         .iter()
         .map(|peer| {
-            let metrics = free_addr();
-            let plugin = Plugin::start(
+            let metrics = sealed_test_support::servers::free_addr();
+            let mut plugin = Plugin::start(
                 &url,
                 &[
                     &format!("--metrics-addr={metrics}"),
@@ -100,6 +97,7 @@ async fn plugins_read_a_version_once_from_the_origin_and_survive_a_dead_peer() {
                     &format!("--peer-token-file={}", token.display()),
                 ],
             );
+            plugin.wait_listening(metrics);
             Node { plugin, metrics }
         })
         .collect();

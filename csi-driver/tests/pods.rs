@@ -346,7 +346,7 @@ async fn run(
     // A tenant's own version of the same digest (digests are not secrets): no attestation.
     let stolen = common::sealed_volume(&client, ns.stranger, "model", &[], false).await?;
     common::sealed_version(&client, &stolen, &digest, None, Made::WithAttestation(None)).await?;
-    let metrics_addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let metrics_addr = sealed_test_support::servers::free_addr();
     let kubelet_dir =
         std::env::var("SEALED_KUBELET_DIR").unwrap_or_else(|_| "/var/lib/kubelet".into());
     // Restart safety: the holder keeps the FUSE fds while the plugin is killed (step 5).

@@ -162,10 +162,7 @@ async fn pods_keep_reading_through_plugin_kill_upgrade_and_holder_restart() {
     let holder_socket = holder_dir.path().join("fd-holder.sock");
     let mut holder = FdHolder::start(&holder_socket);
     let holder_arg = format!("--fd-holder={}", holder_socket.display());
-    let metrics_addr = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let metrics_addr = sealed_test_support::servers::free_addr();
     let metrics_arg = format!("--metrics-addr={metrics_addr}");
     let metric = |name: &str| common::sample(&common::http_get(metrics_addr, "/metrics").1, name);
     let args = [holder_arg.as_str(), metrics_arg.as_str()];

@@ -222,10 +222,7 @@ async fn restart_while_the_store_hangs_resumes_held_mounts_and_bounds_reads() {
     };
     let digest = outage.version("restart-outage", 7).await;
     let holder = outage.holder();
-    let metrics_addr = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let metrics_addr = sealed_test_support::servers::free_addr();
     outage.args.push(format!("--metrics-addr={metrics_addr}"));
     let (proxy, work) = (&outage.proxy, &outage.work);
     let plugin = outage.plugin();

@@ -23,11 +23,6 @@ use sealed_crds::SealedVolumeVersion;
 
 const TOKEN: &str = "csi-warm-test-token-0123456789abcdef";
 
-fn free_addr() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap()
-}
-
 /// Chunk files (and assembled files) in a plugin's disk cache.
 fn cached_chunks(cache: &Path) -> Vec<String> {
     let mut out = Vec::new();
@@ -138,7 +133,9 @@ async fn run(cluster: &sealed_e2e::Cluster, ns: &str, names: &[String]) -> Resul
 
     let token = store.dir.path().join("token");
     std::fs::write(&token, TOKEN)?;
-    let peers: Vec<SocketAddr> = (0..3).map(|_| free_addr()).collect();
+    let peers: Vec<SocketAddr> = (0..3)
+        .map(|_| sealed_test_support::servers::free_addr())
+        .collect();
     let list = peers
         .iter()
         .map(|p| p.to_string())

@@ -46,7 +46,6 @@
 use std::collections::BTreeMap;
 use std::fmt::Display;
 use std::io::Write as _;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, OnceLock};
@@ -206,7 +205,7 @@ impl Drop for Moto {
 
 impl Moto {
     fn start() -> Result<Moto> {
-        let port = TcpListener::bind("0.0.0.0:0")?.local_addr()?.port();
+        let port = sealed_test_support::servers::free_port();
         let child = Command::new("moto_server")
             .args(["-H", "0.0.0.0", "-p", &port.to_string()])
             .stdout(Stdio::null())

@@ -4,8 +4,9 @@
 //!
 //! Skipped (with a notice) unless `SEALED_E2E_CLUSTER=1`.
 
+use sealed_test_support::servers::free_port;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -22,13 +23,6 @@ impl Drop for Replica {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 /// A plain HTTP/1.0 GET: (status code, body), or None while nothing listens.

@@ -43,12 +43,33 @@ pub fn built_binary(name: &str) -> Option<PathBuf> {
     path.is_file().then_some(path)
 }
 
+/// Where [`free_port`] looks: below the kernel's ephemeral range (32768 and up), so no
+/// outgoing connection on this machine can take a port between our check and the server's
+/// own bind (CI lost a plugin's `--metrics-addr` that way), and below Kubernetes' NodePorts
+/// (30000 and up) and the ports `hack/` uses.
+const TEST_PORTS: std::ops::Range<u16> = 20_000..30_000;
+
+/// A TCP port on 127.0.0.1 that is free now and that no earlier call in this process returned,
+/// so the addresses of one test (peers, metrics) never collide with each other.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let span = u32::from(TEST_PORTS.end - TEST_PORTS.start);
+    // Processes start at different places in the range, calls of one process never repeat.
+    static NEXT: std::sync::OnceLock<AtomicU32> = std::sync::OnceLock::new();
+    let next = NEXT.get_or_init(|| AtomicU32::new(std::process::id().wrapping_mul(7_919) % span));
+    for _ in 0..span {
+        let offset = next.fetch_add(1, Ordering::Relaxed) % span;
+        let port = TEST_PORTS.start + u16::try_from(offset).expect("offset below the span");
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {TEST_PORTS:?}");
+}
+
+/// `127.0.0.1:`[`free_port`].
+pub fn free_addr() -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], free_port()))
 }
 
 pub fn wait_for_port(port: u16, child: &mut Child, what: &str) {

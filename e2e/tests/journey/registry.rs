@@ -95,7 +95,7 @@ impl Registry {
         );
         let dir = tempfile::tempdir()?;
         std::fs::create_dir(dir.path().join("blobs"))?;
-        let backend_port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let backend_port = sealed_test_support::servers::free_port();
         let backend = format!("127.0.0.1:{backend_port}");
         let mut crane = Command::new(crane()?)
             .args(["registry", "serve", "--address", &backend, "--disk"])
