@@ -73,17 +73,22 @@ pub fn free_addr() -> std::net::SocketAddr {
 }
 
 pub fn wait_for_port(port: u16, child: &mut Child, what: &str) {
+    wait_for_port_or_log(port, child, what, String::new);
+}
+
+/// [`wait_for_port`] that adds `log()` (the child's log) to its panic.
+pub fn wait_for_port_or_log(port: u16, child: &mut Child, what: &str, log: impl Fn() -> String) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
             return;
         }
         if let Ok(Some(status)) = child.try_wait() {
-            panic!("{what} exited early: {status}");
+            panic!("{what} exited early: {status}\n{}", log());
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    panic!("{what} did not listen on port {port} within 60s");
+    panic!("{what} did not listen on port {port} within 60s\n{}", log());
 }
 
 /// Whether a missing server binary fails the test (CI) or skips it (a laptop without it).

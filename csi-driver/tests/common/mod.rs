@@ -190,20 +190,15 @@ impl Plugin {
     }
 
     /// Waits until something answers on `addr` (the plugin's `--metrics-addr`); panics with
-    /// the plugin's log if it exits first or nothing answers within 30 s.
+    /// the plugin's log if it exits first.
     pub fn wait_listening(&mut self, addr: std::net::SocketAddr) {
-        let started = Instant::now();
-        while std::net::TcpStream::connect(addr).is_err() {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("sealed-csi exited ({status}); log:\n{}", self.log());
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "sealed-csi does not listen on {addr}; log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let log = self.dir.path().join("plugin.log");
+        sealed_test_support::servers::wait_for_port_or_log(
+            addr.port(),
+            &mut self.child,
+            "sealed-csi",
+            || std::fs::read_to_string(&log).unwrap_or_default(),
+        );
     }
 
     pub fn endpoint(&self) -> String {
