@@ -9,24 +9,41 @@
 #   hack/plot-fleet.py                   # docs/benchmarks/fleet.csv -> docs/benchmarks/fleet.png
 #   BENCH_CPUS=0.1 BENCH_CSV=docs/benchmarks/fleet-capped-0.1.csv hack/bench-fleet.sh
 #                                        # each node capped at 0.1 cores, as if on its own machine
+#   BENCH_NIC_MBIT=200 BENCH_ORIGIN_MBIT=800 BENCH_CSV=docs/benchmarks/fleet-net.csv hack/bench-fleet.sh
+#                                        # each node its own network namespace and 200 Mbit/s NIC,
+#                                        # the origin's link 800 Mbit/s for all nodes together
 #
 # Env: BENCH_MIB (1024), BENCH_NS ("1 2 4 8"), BENCH_MODES ("peer origin-only"),
 # BENCH_CSV (docs/benchmarks/fleet.csv), BENCH_CPUS (cores per node: hack/fleet.sh's FLEET_CPUS;
-# default none), FLEET_* as hack/fleet.sh reads them.
+# default none), BENCH_NIC_MBIT and BENCH_ORIGIN_MBIT (hack/fleet.sh's FLEET_NIC_MBIT and
+# FLEET_ORIGIN_MBIT; default none: loopback), BENCH_LEARNED (hack/fleet.sh's FLEET_LEARNED;
+# default 0: no learned prefetch, so every row is a cold read of what its readers ask, and the
+# N = 1 row, the version's first mount, is not the only one without a replayed profile),
+# SEALED (default: the release build, built here),
+# FLEET_* as hack/fleet.sh reads them.
 set -euo pipefail
 HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# A benchmark measures the optimised build (a debug build's HTTP/2 and copies cost several
+# times the CPU); the tests use the debug one.
+if [[ -z ${SEALED:-} ]]; then
+  (cd "$HACK/.." && cargo build --release -q -p sealed-cli)
+  export SEALED=${CARGO_TARGET_DIR:-$HACK/../target}/release/sealed
+fi
 MIB=${BENCH_MIB:-1024}
 NS=${BENCH_NS:-1 2 4 8}
 MODES=${BENCH_MODES:-peer origin-only}
 CSV=${BENCH_CSV:-$HACK/../docs/benchmarks/fleet.csv}
 export FLEET_DIR=${FLEET_DIR:-/tmp/sealed-fleet-bench}
 export FLEET_CPUS=${BENCH_CPUS:-${FLEET_CPUS:-}}
+export FLEET_LEARNED=${BENCH_LEARNED:-0}
+export FLEET_NIC_MBIT=${BENCH_NIC_MBIT:-${FLEET_NIC_MBIT:-}}
+export FLEET_ORIGIN_MBIT=${BENCH_ORIGIN_MBIT:-${FLEET_ORIGIN_MBIT:-}}
 
 log() { printf '[bench-fleet] %s\n' "$*" >&2; }
 trap '"$HACK/fleet.sh" down >/dev/null 2>&1 || true' EXIT
 
 rm -rf --one-file-system "$FLEET_DIR"
-echo "mode,nodes,node,seconds,bytes_read,origin_bytes,peer_bytes,served_bytes,read_errors,peer_corrupt,version_bytes" >"$CSV"
+echo "mode,nodes,node,seconds,bytes_read,origin_bytes,peer_bytes,served_bytes,read_errors,peer_corrupt,version_bytes,cpu_seconds,machine_busy,nic_mbit,origin_mbit,cpus" >"$CSV"
 for mode in $MODES; do
   for n in $NS; do
     log "$mode: $n nodes, $MIB MiB"
@@ -34,8 +51,10 @@ for mode in $MODES; do
     "$HACK/fleet.sh" read >"$FLEET_DIR/times"
     "$HACK/fleet.sh" down
     version=$(du -sb "$FLEET_DIR/src" | cut -f1)
-    while read -r node seconds bytes; do
-      python3 - "$FLEET_DIR/$node/stats.json" "$mode,$n,$node,$seconds,$bytes" "$version" >>"$CSV" <<'PY'
+    busy=$(awk '$1 == "machine" { print $2 }' "$FLEET_DIR/times")
+    setup="${FLEET_NIC_MBIT:-},${FLEET_ORIGIN_MBIT:-},${FLEET_CPUS:-}"
+    grep '^node-' "$FLEET_DIR/times" | while read -r node seconds bytes cpu; do
+      python3 - "$FLEET_DIR/$node/stats.json" "$mode,$n,$node,$seconds,$bytes" "$version,$cpu,$busy,$setup" >>"$CSV" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
 peer = s.get("peer", {})
@@ -43,7 +62,7 @@ print(",".join([sys.argv[2], str(s["store_bytes_fetched"]), str(s["peer_bytes_fe
                 str(peer.get("served_bytes", 0)), str(s["read_errors"]), str(s["peer_corrupt"]),
                 sys.argv[3]]))
 PY
-    done <"$FLEET_DIR/times"
+    done
   done
 done
 log "wrote $CSV"
@@ -54,8 +73,8 @@ runs = collections.OrderedDict()
 for r in rows:
     runs.setdefault((r["mode"], int(r["nodes"])), []).append(r)
 alone = {m: max(float(r["seconds"]) for r in rs) for (m, n), rs in runs.items() if n == 1}
-print("| mode | N | origin bytes / version | slowest node s | mean node s | slowest / N=1 | max served / mean served |")
-print("|---|---|---|---|---|---|---|")
+print("| mode | N | origin bytes / version | slowest node s | mean node s | slowest / N=1 | max served / mean served | CPU s / node | machine busy |")
+print("|---|---|---|---|---|---|---|---|---|")
 for (mode, n), rs in runs.items():
     v = int(rs[0]["version_bytes"])
     origin = sum(int(r["origin_bytes"]) for r in rs)
@@ -63,6 +82,8 @@ for (mode, n), rs in runs.items():
     served = [int(r["served_bytes"]) for r in rs]
     load = (max(served) / (sum(served) / len(served))) if sum(served) else 0
     ratio = f"{max(secs) / alone[mode]:.2f}×" if alone.get(mode) else "-"
+    cpu = [float(r.get("cpu_seconds") or 0) for r in rs]
+    busy = float(rs[0].get("machine_busy") or 0)
     print(f"| {mode} | {n} | {origin / v:.2f}× | {max(secs):.1f} | {sum(secs)/len(secs):.1f} | "
-          f"{ratio} | {load:.2f} |")
+          f"{ratio} | {load:.2f} | {sum(cpu)/len(cpu):.1f} | {busy:.0%} |")
 PY

@@ -9,13 +9,21 @@
 #
 # Env: FLEET_DIR (default /tmp/sealed-fleet), SEALED (the binary; default the debug build in
 # $CARGO_TARGET_DIR), FLEET_LATENCY_MS (25), FLEET_PEERS=0 (nodes without the peer tier: the
-# baseline), FLEET_FANOUT (64). Membership is the file $FLEET_DIR/peers, re-read every second
+# baseline), FLEET_FANOUT (64), FLEET_LEARNED=0 (mount with --no-learned-prefetch: nothing is
+# fetched before the read, so every node's read is cold however many runs came before). Membership is the file $FLEET_DIR/peers, re-read every second
 # by each node: edit it to move nodes in or out. (The node plugin takes its membership from
 # the EndpointSlices of its headless Service instead; see docs/peer.md.)
 # FLEET_CPUS=0.2 gives each node (its mount process and its reader) a CPU cgroup capped at that
 # many cores, as a machine of its own would: N nodes on this 2-core box then compete for the
 # origin and each other, not for the cores (cgroup v1 `cpu` or v2 `cpu.max`).
-# Needs root and /dev/fuse; the tools come from hack/build-test-tools.sh.
+# FLEET_NIC_MBIT=200 gives each node a network of its own instead of loopback ports: its own
+# network namespace (sealed-fleet-<i>, address $FLEET_NET.<10+i>) on a bridge (sealedfbr0,
+# $FLEET_NET.1, where the origin listens), with a NIC of that many Mbit/s each way (tbf on both
+# ends of its veth), so the nodes compete for the origin and their own links as machines would.
+# FLEET_ORIGIN_MBIT caps the origin's link to all nodes together (tbf on the bridge; default
+# none). FLEET_NET (10.213.0) is the /24 of that test network; nothing outside it is reached.
+# Needs root and /dev/fuse (and iproute2 with tbf for FLEET_NIC_MBIT); the tools come from
+# hack/build-test-tools.sh.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
@@ -29,6 +37,10 @@ PROXY_PORT=${FLEET_PROXY_PORT:-30612}
 TOXI_PORT=${FLEET_TOXI_PORT:-30613}
 # Below the kernel's ephemeral range (32768-60999), so no outgoing connection holds one.
 PEER_BASE=${FLEET_PEER_BASE:-30700}
+NIC_MBIT=${FLEET_NIC_MBIT:-}
+ORIGIN_MBIT=${FLEET_ORIGIN_MBIT:-}
+NET=${FLEET_NET:-10.213.0}
+BRIDGE=sealedfbr0
 
 export PATH="$("$HACK_DIR/build-test-tools.sh"):$PATH"
 export AWS_ACCESS_KEY_ID=fleet AWS_SECRET_ACCESS_KEY=fleetsecret SEALED_STORE_REGION=us-east-1
@@ -84,6 +96,65 @@ cgroups_down() {
 
 nodes() { find "$W" -maxdepth 1 -name 'node-*' -type d 2>/dev/null | sort -V; }
 
+# --- the test network (FLEET_NIC_MBIT) -----------------------------------------------------
+
+# A token-bucket shaper of $2 Mbit/s on the egress of device $1 (in namespace $3, if given):
+# a queue of at most 100 ms, then drops, as a switch port would.
+shape() {
+  local dev=$1 mbit=$2 ns=${3:-}
+  python3 -c 'import sys; m = float(sys.argv[1]); assert 1 <= m <= 100000' "$mbit" 2>/dev/null ||
+    die "a link rate of '$mbit' Mbit/s: want 1 to 100000"
+  tc ${ns:+-n "$ns"} qdisc replace dev "$dev" root tbf rate "${mbit}mbit" burst 256kb latency 100ms
+}
+
+node_ns() { echo "sealed-fleet-$1"; }
+node_ip() { echo "$NET.$((10 + $1))"; }
+
+# The bridge the nodes and the origin share; the origin's own link shaped if FLEET_ORIGIN_MBIT.
+net_up() {
+  [[ -n $NIC_MBIT ]] || return 0
+  command -v tc >/dev/null || die "FLEET_NIC_MBIT needs tc (Debian: iproute2)"
+  [[ $NET =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "FLEET_NET=$NET: want the first three octets of a /24"
+  ip link show "$BRIDGE" >/dev/null 2>&1 && die "$BRIDGE exists: hack/fleet.sh down first"
+  ip link add "$BRIDGE" type bridge
+  ip addr add "$NET.1/24" dev "$BRIDGE"
+  ip link set "$BRIDGE" up
+  # Frames between nodes are forwarded port to port; only what the host itself sends (the
+  # origin) passes the bridge device's own queue.
+  [[ -z $ORIGIN_MBIT ]] || shape "$BRIDGE" "$ORIGIN_MBIT"
+}
+
+# Node $1's namespace and NIC: a veth with one end on the bridge, both ends shaped, so the
+# node gets NIC_MBIT down and NIC_MBIT up.
+node_net_up() {
+  [[ -n $NIC_MBIT ]] || return 0
+  local i=$1 ns
+  ns=$(node_ns "$i")
+  ip netns add "$ns"
+  ip link add "sfv$i" type veth peer name eth0 netns "$ns"
+  ip link set "sfv$i" master "$BRIDGE" up
+  ip -n "$ns" addr add "$(node_ip "$i")/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  ip -n "$ns" link set lo up
+  shape "sfv$i" "$NIC_MBIT"
+  shape eth0 "$NIC_MBIT" "$ns"
+}
+
+net_down() {
+  local ns
+  for ns in $(ip netns list 2>/dev/null | awk '/^sealed-fleet-/ { print $1 }'); do
+    ip netns del "$ns" 2>/dev/null || true
+  done
+  ip link del "$BRIDGE" 2>/dev/null || true
+}
+
+# The command prefix that runs a program in node $1's network namespace, if it has one (only
+# the network: its FUSE mount stays visible in ours). One word a line.
+node_net_prefix() {
+  [[ -n $NIC_MBIT ]] || return 0
+  printf '%s\n' nsenter "--net=/run/netns/$(node_ns "$1")" --
+}
+
 up() {
   local n=${1:-4} mib=${2:-1024} i
   [[ $(id -u) -eq 0 && -e /dev/fuse ]] || die "needs root and /dev/fuse"
@@ -91,7 +162,10 @@ up() {
   [[ -e $W/pids ]] && die "a fleet is up in $W: hack/fleet.sh down first"
   mkdir -p "$W/src"
   : >"$W/pids"
-  slow_origin_up "$W" "$BUCKET" "$S3_PORT" "$PROXY_PORT" "$TOXI_PORT" "$LATENCY"
+  net_up
+  local origin_host=127.0.0.1
+  [[ -z $NIC_MBIT ]] || origin_host=$NET.1
+  slow_origin_up "$W" "$BUCKET" "$S3_PORT" "$PROXY_PORT" "$TOXI_PORT" "$LATENCY" "$origin_host"
   if [[ ! -e $W/digest ]]; then
     log "a $mib MiB version (4 files of random bytes)"
     for i in 0 1 2 3; do
@@ -103,42 +177,75 @@ up() {
   openssl rand -hex 24 >"$W/token"
   rm -rf --one-file-system "$W"/node-*
   : >"$W/peers"
-  for ((i = 0; i < n; i++)); do echo "127.0.0.1:$((PEER_BASE + i))" >>"$W/peers"; done
-  local digest peer_flags=()
+  # On loopback each node has its own port; in the test network its own address.
+  local addrs=()
+  for ((i = 0; i < n; i++)); do
+    if [[ -n $NIC_MBIT ]]; then addrs+=("$(node_ip "$i"):$PEER_BASE"); else addrs+=("127.0.0.1:$((PEER_BASE + i))"); fi
+    echo "${addrs[i]}" >>"$W/peers"
+  done
+  local digest peer_flags=() in_net=() learned=()
+  [[ ${FLEET_LEARNED:-1} == 1 ]] || learned=(--no-learned-prefetch)
   digest=$(cat "$W/digest")
   for ((i = 0; i < n; i++)); do
     local d=$W/node-$i
     rm -rf "$d" && mkdir -p "$d/mnt"
     if [[ ${FLEET_PEERS:-1} == 1 ]]; then
-      peer_flags=(--peers-file "$W/peers" --peer-listen "127.0.0.1:$((PEER_BASE + i))"
+      peer_flags=(--peers-file "$W/peers" --peer-listen "${addrs[i]}"
         --peer-token-file "$W/token" --peer-fanout "${FLEET_FANOUT:-64}")
     fi
     cgroup_up "node-$i"
-    SEALED_STORE_ENDPOINT="http://127.0.0.1:$PROXY_PORT" SEALED_LOG=${SEALED_LOG:-warn} \
-      in_cgroup "node-$i" "$SEALED" -o json mount "$digest" "$d/mnt" --cache-dir "$d/cache" --cache-size 4Gi \
-      "${peer_flags[@]}" >"$d/stats.json" 2>"$d/log" &
+    node_net_up "$i"
+    mapfile -t in_net < <(node_net_prefix "$i")
+    SEALED_STORE_ENDPOINT="http://$origin_host:$PROXY_PORT" SEALED_LOG=${SEALED_LOG:-warn} \
+      in_cgroup "node-$i" "${in_net[@]}" "$SEALED" -o json mount "$digest" "$d/mnt" --cache-dir "$d/cache" --cache-size 4Gi \
+      "${peer_flags[@]}" "${learned[@]}" >"$d/stats.json" 2>"$d/log" &
     echo $! >"$d/pid"
   done
   for d in $(nodes); do
     for _ in $(seq 300); do mountpoint -q "$d/mnt" && break; sleep 0.1; done
     mountpoint -q "$d/mnt" || { cat "$d/log" >&2; die "$d did not mount"; }
   done
-  log "fleet up: $n nodes in $W, version $digest${FLEET_CPUS:+, $FLEET_CPUS cores each}"
+  log "fleet up: $n nodes in $W, version $digest${FLEET_CPUS:+, $FLEET_CPUS cores each}${NIC_MBIT:+, a $NIC_MBIT Mbit/s NIC each}${ORIGIN_MBIT:+, origin link $ORIGIN_MBIT Mbit/s}"
 }
 
-# Every node reads every file once, all at the same moment: "node seconds bytes" lines.
+# Every node reads every file once, all at the same moment: "node seconds bytes cpu_seconds"
+# lines (cpu_seconds: the node's mount process, user + system, over the read), then a last line
+# "machine BUSY" (the fraction of this machine's cores busy over the whole read), so a result
+# says whether the nodes or the machine were the limit.
 read_all() {
-  local d start
+  local d before after
+  for d in $(nodes); do cpu_seconds "$(cat "$d/pid")" >"$d/cpu-before"; done
+  before=$(machine_ticks)
   for d in $(nodes); do
     (
       dir=$(node_cgroup "$(basename "$d")")
       [[ -z $dir ]] || echo "$BASHPID" >"$dir/cgroup.procs"
       start=$(date +%s.%N)
       bytes=$(cat "$d"/mnt/*.safetensors | wc -c)
-      echo "$(basename "$d") $(echo "$(date +%s.%N) - $start" | bc) $bytes"
+      elapsed=$(echo "$(date +%s.%N) - $start" | bc)
+      cpu=$(echo "$(cpu_seconds "$(cat "$d/pid")") - $(cat "$d/cpu-before")" | bc)
+      echo "$(basename "$d") $elapsed $bytes $cpu"
     ) &
   done
   wait
+  after=$(machine_ticks)
+  python3 -c 'import sys; b = [int(x) for x in sys.argv[1].split()]; a = [int(x) for x in sys.argv[2].split()]
+busy, total = a[0] - b[0], a[1] - b[1]
+print(f"machine {busy / total:.3f}" if total > 0 else "machine 0")' "$before" "$after"
+}
+
+# User + system CPU seconds of process $1 so far (0 if it is gone).
+cpu_seconds() {
+  local stat ticks
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || { echo 0; return; }
+  ticks=$(getconf CLK_TCK)
+  # Fields after the command name (which may hold spaces): utime is the 12th, stime the 13th.
+  echo "${stat##*) }" | awk -v t="$ticks" '{ printf "%.2f\n", ($12 + $13) / t }'
+}
+
+# "busy total" jiffies of all cores so far (/proc/stat; idle and iowait count as not busy).
+machine_ticks() {
+  awk '$1 == "cpu" { total = 0; for (i = 2; i <= NF; i++) total += $i; print total - $5 - $6, total; exit }' /proc/stat
 }
 
 down() {
@@ -159,6 +266,7 @@ down() {
     rm -f "$W/pids"
   fi
   cgroups_down
+  net_down
   log "fleet down (counters in $W/node-*/stats.json)"
 }
 

@@ -116,7 +116,7 @@ impl PeerCollector {
             .with_label_values(&["origin"])
             .inc_by(m.store_bytes_fetched);
         out.push(Box::new(bytes));
-        let counters: [(&str, &str, u64); 18] = [
+        let counters: [(&str, &str, u64); 20] = [
             (
                 "sealed_peer_hits_total",
                 "Chunks a peer served (verified)",
@@ -159,8 +159,18 @@ impl PeerCollector {
             ),
             (
                 "sealed_peer_skipped_down_total",
-                "Chunks not asked of an owner marked down",
+                "Chunks whose best owner was marked down (asked of the next-best member, or fetched here)",
                 p.skipped_down,
+            ),
+            (
+                "sealed_peer_rerouted_total",
+                "Chunks asked of the next-best member because their owner was marked down",
+                p.rerouted,
+            ),
+            (
+                "sealed_peer_slow_headers_total",
+                "Requests whose headers were late from an owner still sending (busy: waited for, not marked down)",
+                p.slow_headers,
             ),
             (
                 "sealed_peer_owned_here_total",

@@ -51,11 +51,12 @@ usage_from_header() {
 
 # An S3-compatible origin with injected latency, for benchmarks: s3s-fs serving DIR/s3 (the
 # bucket BUCKET made in it) on 127.0.0.1:S3_PORT, and toxiproxy (API on TOXI_PORT) forwarding
-# 127.0.0.1:PROXY_PORT to it with LATENCY_MS each way. Pids are appended to DIR/pids. Needs
+# PROXY_HOST:PROXY_PORT (PROXY_HOST: 7th argument, default 127.0.0.1) to it with LATENCY_MS each
+# way. Pids are appended to DIR/pids. Needs
 # s3s-fs, toxiproxy-server and toxiproxy-cli on PATH (hack/build-test-tools.sh) and
 # AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY set.
 slow_origin_up() {
-  local dir=$1 bucket=$2 s3_port=$3 proxy_port=$4 toxi_port=$5 latency=$6
+  local dir=$1 bucket=$2 s3_port=$3 proxy_port=$4 toxi_port=$5 latency=$6 proxy_host=${7:-127.0.0.1}
   mkdir -p "$dir/s3/$bucket"
   s3s-fs --host 127.0.0.1 --port "$s3_port" --access-key "$AWS_ACCESS_KEY_ID" \
     --secret-key "$AWS_SECRET_ACCESS_KEY" "$dir/s3" >"$dir/s3s-fs.log" 2>&1 &
@@ -67,7 +68,7 @@ slow_origin_up() {
     "${toxi[@]}" list >/dev/null 2>&1 && break
     sleep 0.1
   done
-  "${toxi[@]}" create -l "127.0.0.1:$proxy_port" -u "127.0.0.1:$s3_port" origin >/dev/null
+  "${toxi[@]}" create -l "$proxy_host:$proxy_port" -u "127.0.0.1:$s3_port" origin >/dev/null
   "${toxi[@]}" toxic add -t latency -a "latency=$latency" -n down origin >/dev/null
   "${toxi[@]}" toxic add -t latency -a "latency=$latency" -u -n up origin >/dev/null
 }

@@ -40,6 +40,9 @@ struct Inner {
     down_for: Duration,
     /// Owners that failed recently, and until when they are not asked.
     down: Mutex<HashMap<String, Instant>>,
+    /// When each owner last sent this node any bytes (headers or body, any chunk): an owner
+    /// whose headers are late but whose connection delivers is busy, not dead.
+    last_progress: Mutex<HashMap<String, Instant>>,
     metrics: Arc<PeerMetrics>,
 }
 
@@ -85,6 +88,7 @@ impl PeerClient {
                 body_timeout: options.body_timeout,
                 down_for: options.down_for,
                 down: Mutex::new(HashMap::new()),
+                last_progress: Mutex::new(HashMap::new()),
                 metrics,
             }),
         })
@@ -95,91 +99,162 @@ impl PeerTier for PeerClient {
     fn fetch(&self, chunk: ChunkRef) -> BoxFuture<'static, PeerAnswer> {
         let inner = self.inner.clone();
         async move {
-            let role = inner.ring.borrow().role(&inner.me, &chunk.digest);
-            let answer = match role {
-                Role::Alone | Role::Primary => {
-                    PeerMetrics::inc(&inner.metrics.owned_here);
-                    return PeerAnswer::OwnedHere;
+            // An owner found down by this very request (refused, reset, silent) hands the
+            // chunk to the next in line at once, once: a node that is not serving yet, or
+            // has just died, costs the asker a second request, not an origin fetch. Only
+            // if it was found down within the header bound, so the whole stays bounded.
+            let started = Instant::now();
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                let asked = match inner.role(&chunk) {
+                    Role::Alone | Role::Primary => {
+                        PeerMetrics::inc(&inner.metrics.owned_here);
+                        return PeerAnswer::OwnedHere;
+                    }
+                    // A secondary's request goes one hop only, in half the bounds: the
+                    // requester that may be waiting on it still has time for the origin.
+                    Role::Secondary { primary } => {
+                        let bounds = (inner.request_timeout / 2, inner.body_timeout / 2);
+                        inner.ask(&primary, chunk, true, bounds).await
+                    }
+                    Role::Requester { owner } => {
+                        let bounds = (inner.request_timeout, inner.body_timeout);
+                        inner.ask(&owner, chunk, false, bounds).await
+                    }
+                };
+                match asked {
+                    Asked::Chunk(data) => return PeerAnswer::Chunk(data),
+                    Asked::OwnerDown if tries < 2 && started.elapsed() <= inner.request_timeout => {
+                        continue;
+                    }
+                    Asked::OwnerDown | Asked::Missed => return PeerAnswer::Missed,
                 }
-                // A secondary's request goes one hop only, in half the bounds: the requester
-                // that may be waiting on it still has time for the origin.
-                Role::Secondary { primary } => {
-                    let bounds = (inner.request_timeout / 2, inner.body_timeout / 2);
-                    inner.ask(&primary, chunk, true, bounds).await
-                }
-                Role::Requester { owner } => {
-                    let bounds = (inner.request_timeout, inner.body_timeout);
-                    inner.ask(&owner, chunk, false, bounds).await
-                }
-            };
-            answer.map_or(PeerAnswer::Missed, PeerAnswer::Chunk)
+            }
         }
         .boxed()
     }
 }
 
 impl Inner {
+    /// This node's role for `chunk` in the ring without the owners marked down: a chunk
+    /// whose owner is down goes to the next-best member (or comes from the origin here, if
+    /// that is this node), the same one every node that saw the failure picks.
+    fn role(&self, chunk: &ChunkRef) -> Role {
+        let ring = self.ring.borrow().clone();
+        let down = self.down_now();
+        if down.is_empty() {
+            return ring.role(&self.me, &chunk.digest);
+        }
+        let role = ring.role_skipping(&self.me, &chunk.digest, |m| down.contains(&m.addr));
+        if role != ring.role(&self.me, &chunk.digest) {
+            PeerMetrics::inc(&self.metrics.skipped_down);
+            if matches!(role, Role::Requester { .. } | Role::Secondary { .. }) {
+                PeerMetrics::inc(&self.metrics.rerouted);
+            }
+        }
+        role
+    }
+
     /// Asks `owner` for `chunk`: its headers within `bounds.0`, then the body within
-    /// `bounds.1`. `None` (fetch from the origin) on any failure.
+    /// `bounds.1`. Headers late from an owner that sent this node bytes within `bounds.0`
+    /// (its link or CPU is busy with other chunks: HTTP/2 queues new headers behind the
+    /// data already on the connection) are waited for within the body bound instead, and
+    /// the owner is not marked down; from an owner that sent nothing, they mark it down.
     async fn ask(
         &self,
         owner: &Member,
         chunk: ChunkRef,
         last_hop: bool,
         bounds: (Duration, Duration),
-    ) -> Option<Bytes> {
+    ) -> Asked {
         if self.is_down(&owner.addr) {
             PeerMetrics::inc(&self.metrics.skipped_down);
-            return None;
+            return Asked::Missed;
         }
         PeerMetrics::inc(&self.metrics.requests);
         let (header_bound, body_bound) = bounds;
-        let response = match tokio::time::timeout(
-            header_bound,
-            self.request(owner, chunk, last_hop),
-        )
-        .await
-        {
-            Ok(Ok(response)) => response,
-            Ok(Err(failure)) => {
-                self.failed(owner, &chunk, failure);
-                return None;
+        let request = self.request(owner, chunk, last_hop);
+        tokio::pin!(request);
+        // The body bound runs from the headers, or from the end of the header bound for an
+        // owner that is late but sending: either way an ask ends within the two bounds.
+        let mut deadline = tokio::time::Instant::now() + header_bound + body_bound;
+        let headers = match tokio::time::timeout(header_bound, &mut request).await {
+            Ok(headers) => {
+                deadline = tokio::time::Instant::now() + body_bound;
+                Some(headers)
+            }
+            Err(_) if self.progressed_within(&owner.addr, header_bound) => {
+                PeerMetrics::inc(&self.metrics.slow_headers);
+                tokio::time::timeout_at(deadline, &mut request).await.ok()
             }
             Err(_) => {
                 PeerMetrics::inc(&self.metrics.request_timeouts);
                 tracing::warn!(peer = %owner.addr, digest = %chunk.digest,
-                    "peer did not answer within {header_bound:?}; fetching from the origin and not asking it for {:?}", self.down_for);
+                    "peer sent nothing within {header_bound:?}; not asking it for {:?}", self.down_for);
                 self.mark_down(&owner.addr);
-                return None;
+                return Asked::OwnerDown;
             }
         };
-        match tokio::time::timeout(body_bound, read_body(response, chunk.len as usize)).await {
-            Ok(Ok(data)) => Some(data),
-            Ok(Err(failure)) => {
-                self.failed(owner, &chunk, failure);
-                None
+        let response = match headers {
+            Some(Ok(response)) => response,
+            Some(Err(failure)) => return self.failed(owner, &chunk, failure),
+            None => {
+                PeerMetrics::inc(&self.metrics.body_timeouts);
+                tracing::debug!(peer = %owner.addr, digest = %chunk.digest,
+                    "busy peer did not answer within {body_bound:?} more; fetching from the origin");
+                return Asked::Missed;
             }
+        };
+        self.progressed(&owner.addr);
+        let body = read_body(response, chunk.len as usize, || {
+            self.progressed(&owner.addr)
+        });
+        match tokio::time::timeout_at(deadline, body).await {
+            Ok(Ok(data)) => Asked::Chunk(data),
+            Ok(Err(failure)) => self.failed(owner, &chunk, failure),
             Err(_) => {
                 // The owner answered, so it is alive; it is slow with this chunk (its origin
                 // fetch), not necessarily with the next.
                 PeerMetrics::inc(&self.metrics.body_timeouts);
                 tracing::debug!(peer = %owner.addr, digest = %chunk.digest,
                     "peer did not send the chunk within {body_bound:?}; fetching from the origin");
-                None
+                Asked::Missed
             }
         }
     }
 
-    fn failed(&self, owner: &Member, chunk: &ChunkRef, failure: Failure) {
+    fn failed(&self, owner: &Member, chunk: &ChunkRef, failure: Failure) -> Asked {
         match failure {
-            Failure::Busy => PeerMetrics::inc(&self.metrics.request_busy),
+            Failure::Busy => {
+                PeerMetrics::inc(&self.metrics.request_busy);
+                Asked::Missed
+            }
             Failure::Broken(reason) => {
                 PeerMetrics::inc(&self.metrics.request_failures);
                 tracing::warn!(peer = %owner.addr, digest = %chunk.digest, %reason,
-                    "peer failed; fetching from the origin and not asking it for {:?}", self.down_for);
+                    "peer failed; not asking it for {:?}", self.down_for);
                 self.mark_down(&owner.addr);
+                Asked::OwnerDown
             }
         }
+    }
+
+    /// Notes that `owner` just sent this node bytes.
+    fn progressed(&self, owner: &str) {
+        let mut seen = self.last_progress.lock().unwrap_or_else(|e| e.into_inner());
+        match seen.get_mut(owner) {
+            Some(at) => *at = Instant::now(),
+            None => {
+                seen.insert(owner.to_owned(), Instant::now());
+            }
+        }
+    }
+
+    /// Whether `owner` sent this node any bytes in the last `window`.
+    fn progressed_within(&self, owner: &str, window: Duration) -> bool {
+        let seen = self.last_progress.lock().unwrap_or_else(|e| e.into_inner());
+        seen.get(owner).is_some_and(|at| at.elapsed() <= window)
     }
 
     /// The owner's response headers, checked: 200 with the chunk's length (or none).
@@ -230,6 +305,17 @@ impl Inner {
         }
     }
 
+    /// The owners marked down now (expired marks are dropped).
+    fn down_now(&self) -> Vec<String> {
+        let mut down = self.down.lock().unwrap_or_else(|e| e.into_inner());
+        if down.is_empty() {
+            return Vec::new();
+        }
+        let now = Instant::now();
+        down.retain(|_, until| *until > now);
+        down.keys().cloned().collect()
+    }
+
     fn mark_down(&self, addr: &str) {
         let until = Instant::now() + self.down_for;
         self.down
@@ -240,14 +326,19 @@ impl Inner {
 }
 
 /// The body of a chunk's response: exactly `want` bytes, and never more than that in memory
-/// whatever the peer sends.
-async fn read_body(mut response: reqwest::Response, want: usize) -> Result<Bytes, Failure> {
+/// whatever the peer sends. `progress` is called as bytes arrive.
+async fn read_body(
+    mut response: reqwest::Response,
+    want: usize,
+    progress: impl Fn(),
+) -> Result<Bytes, Failure> {
     let mut body = BytesMut::with_capacity(want);
     while let Some(part) = response
         .chunk()
         .await
         .map_err(|e| Failure::Broken(chain(&e)))?
     {
+        progress();
         if body.len().saturating_add(part.len()) > want {
             return Err(Failure::Broken(format!(
                 "sent more than the chunk's {want} bytes"
@@ -276,6 +367,16 @@ fn chain(e: &dyn std::error::Error) -> String {
     text
 }
 
+/// How one ask of an owner ended.
+enum Asked {
+    Chunk(Bytes),
+    /// The owner did not serve it (busy, slow, wrong): fetch from the origin.
+    Missed,
+    /// The owner is down (refused, broken, silent) and now marked so: its chunks have a
+    /// next-best owner.
+    OwnerDown,
+}
+
 enum Failure {
     /// The owner is at its bound of concurrent requests: not a sign it is down.
     Busy,
@@ -287,33 +388,113 @@ mod tests {
     use super::*;
     use sealed_store::Digest;
 
-    /// Chunks this node owns are not asked of anyone (and are not misses); chunks a peer
-    /// owns but cannot serve (nothing listens there) are misses.
+    fn client(me: &str, members: Vec<String>, bound: Duration) -> (PeerClient, Arc<PeerMetrics>) {
+        let members = crate::membership::fixed(members, 64);
+        let token = PeerToken::new("a-test-token-of-enough-length-0123456789").unwrap();
+        let mut options = PeerOptions::new("127.0.0.1:0".parse().unwrap(), me.to_owned(), token);
+        options.set_request_timeout(bound);
+        let metrics = Arc::new(PeerMetrics::default());
+        // A view whose membership is dropped keeps reading its last ring.
+        let client = PeerClient::new(&options, members.view.clone(), metrics.clone()).unwrap();
+        (client, metrics)
+    }
+
+    fn chunk(i: u32, len: u32) -> ChunkRef {
+        ChunkRef {
+            digest: Digest::of(&i.to_le_bytes()),
+            len,
+        }
+    }
+
+    /// Chunks this node owns are not asked of anyone (and are not misses). A dead owner is
+    /// asked once: refused, it is marked down, and its chunks fall to the next in line (here
+    /// this node, the only other member), the first one included, with no origin fallback
+    /// counted as a miss.
     #[tokio::test]
-    async fn owned_chunks_are_not_misses_and_a_dead_owner_is() {
+    async fn a_dead_owner_is_asked_once_and_its_chunks_fall_to_the_next_in_line() {
         let me = "127.0.0.1:1".to_string();
         let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let other = dead.local_addr().unwrap().to_string();
         drop(dead);
-        let members = crate::membership::fixed(vec![me.clone(), other], 64);
-        let token = PeerToken::new("a-test-token-of-enough-length-0123456789").unwrap();
-        let options = PeerOptions::new("127.0.0.1:0".parse().unwrap(), me, token);
-        let metrics = Arc::new(PeerMetrics::default());
-        let client = PeerClient::new(&options, members.view.clone(), metrics.clone()).unwrap();
-        let (mut owned, mut missed) = (0, 0);
+        let (client, metrics) = client(&me, vec![me.clone(), other], Duration::from_secs(3));
         for i in 0u32..64 {
-            let chunk = ChunkRef {
-                digest: Digest::of(&i.to_le_bytes()),
-                len: 4,
-            };
-            match client.fetch(chunk).await {
-                PeerAnswer::OwnedHere => owned += 1,
-                PeerAnswer::Missed => missed += 1,
+            match client.fetch(chunk(i, 4)).await {
+                PeerAnswer::OwnedHere => {}
+                PeerAnswer::Missed => panic!("chunk {i}: a dead owner's chunk was a miss"),
                 PeerAnswer::Chunk(_) => panic!("nothing serves chunks here"),
             }
         }
-        assert!(owned > 0 && missed > 0, "owned {owned}, missed {missed}");
         let seen = metrics.snapshot();
-        assert_eq!(seen.owned_here, owned);
+        assert_eq!(seen.owned_here, 64);
+        assert_eq!(seen.request_failures, 1, "{seen:?}");
+        assert!(seen.skipped_down > 0, "{seen:?}");
+    }
+
+    /// An owner whose headers for one chunk are late while it streams another to this node
+    /// is busy, not dead: the late chunk is waited for (within the body bound) and the owner
+    /// is not marked down.
+    #[tokio::test]
+    async fn late_headers_from_an_owner_that_is_sending_are_waited_for() {
+        use axum::body::Body;
+        use axum::extract::{Path, Query};
+        #[derive(serde::Deserialize)]
+        struct Len {
+            len: usize,
+        }
+        let bound = Duration::from_millis(500);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let owner = listener.local_addr().unwrap().to_string();
+        let me = "127.0.0.1:1".to_string();
+        let (client, metrics) = client(&me, vec![me.clone(), owner.clone()], bound);
+        let ring = crate::ring::Ring::new([me.clone(), owner.clone()], 64);
+        let mut owned_there = (0u32..).filter(|i| {
+            ring.role(&Member::new(me.clone()), &chunk(*i, 1).digest) != crate::ring::Role::Primary
+        });
+        let (streamed, late) = (owned_there.next().unwrap(), owned_there.next().unwrap());
+        let late_hex = chunk(late, 1).digest.hex();
+        // The streamed chunk's headers come at once and its 20 bytes one every 100 ms; the
+        // late chunk's headers come after 3 header bounds.
+        let app = axum::Router::new().route(
+            "/v1/chunks/{digest}",
+            axum::routing::get(move |Path(d): Path<String>, Query(q): Query<Len>| {
+                let late = d == late_hex;
+                async move {
+                    if late {
+                        tokio::time::sleep(bound * 3).await;
+                        return Body::from(vec![7u8; q.len]);
+                    }
+                    let drip = futures::stream::unfold(0usize, move |sent| async move {
+                        (sent < q.len).then_some(())?;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        Some((
+                            Ok::<_, std::io::Error>(Bytes::from_static(&[7u8])),
+                            sent + 1,
+                        ))
+                    });
+                    Body::from_stream(drip)
+                }
+            }),
+        );
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let slow = tokio::spawn({
+            let client = client.clone();
+            async move { client.fetch(chunk(streamed, 20)).await }
+        });
+        // The streamed chunk is under way (its headers are in) before the late one is asked.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let answer = client.fetch(chunk(late, 8)).await;
+        assert!(
+            matches!(answer, PeerAnswer::Chunk(ref b) if b.len() == 8),
+            "the late chunk was not waited for: {:?}",
+            metrics.snapshot()
+        );
+        assert!(matches!(slow.await.unwrap(), PeerAnswer::Chunk(ref b) if b.len() == 20));
+        let seen = metrics.snapshot();
+        assert_eq!(seen.slow_headers, 1, "{seen:?}");
+        assert_eq!(seen.request_timeouts, 0, "{seen:?}");
+        assert_eq!(
+            seen.skipped_down, 0,
+            "the busy owner was marked down: {seen:?}"
+        );
     }
 }

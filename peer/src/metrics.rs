@@ -10,14 +10,19 @@ pub struct PeerMetrics {
     /// Requests this node sent to an owner, and those that failed (error, refused,
     /// wrong length), found the owner busy (503: too many requests at once there), got no
     /// headers within the request bound (the owner is then marked down), or got headers but
-    /// not the body within the body bound (the owner is alive: not marked down), or were not
-    /// sent because the owner was marked down.
+    /// not the body within the body bound (the owner is alive: not marked down); requests
+    /// whose headers were late from an owner that was sending other bytes (busy, waited for
+    /// within the body bound, not marked down); chunks
+    /// whose best owner was marked down, and of those the ones asked of the next-best member
+    /// instead (the others this node fetched from the origin itself, as the next in line).
     pub requests: AtomicU64,
     pub request_failures: AtomicU64,
     pub request_busy: AtomicU64,
     pub request_timeouts: AtomicU64,
     pub body_timeouts: AtomicU64,
     pub skipped_down: AtomicU64,
+    pub rerouted: AtomicU64,
+    pub slow_headers: AtomicU64,
     /// Chunks this node owns itself (primary, or alone): fetched from the origin here.
     pub owned_here: AtomicU64,
     /// Owner load: requests and bytes this node served to peers; requests it turned away
@@ -44,6 +49,10 @@ pub struct PeerSnapshot {
     pub request_timeouts: u64,
     pub body_timeouts: u64,
     pub skipped_down: u64,
+    #[serde(default)]
+    pub rerouted: u64,
+    #[serde(default)]
+    pub slow_headers: u64,
     pub owned_here: u64,
     pub served_requests: u64,
     pub served_bytes: u64,
@@ -72,6 +81,8 @@ impl PeerMetrics {
             request_timeouts: g(&self.request_timeouts),
             body_timeouts: g(&self.body_timeouts),
             skipped_down: g(&self.skipped_down),
+            rerouted: g(&self.rerouted),
+            slow_headers: g(&self.slow_headers),
             owned_here: g(&self.owned_here),
             served_requests: g(&self.served_requests),
             served_bytes: g(&self.served_bytes),

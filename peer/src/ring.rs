@@ -111,9 +111,21 @@ impl Ring {
 
     /// The chunk's owners, best score first.
     pub fn owners(&self, chunk: &Digest) -> Vec<&Member> {
-        let k = self.owners_for(self.members.len());
-        let mut scored: Vec<(u64, &Member)> =
-            self.members.iter().map(|m| (m.score(chunk), m)).collect();
+        self.owners_among(chunk, |_| true)
+    }
+
+    /// The chunk's owners among the members `usable` admits, best score first: the ring as
+    /// it would be without the others. Rendezvous hashing makes this the next-best member
+    /// for each chunk an unusable owner had, the same on every node that skips the same
+    /// members, and no change for any other chunk.
+    fn owners_among(&self, chunk: &Digest, usable: impl Fn(&Member) -> bool) -> Vec<&Member> {
+        let mut scored: Vec<(u64, &Member)> = self
+            .members
+            .iter()
+            .filter(|m| usable(m))
+            .map(|m| (m.score(chunk), m))
+            .collect();
+        let k = self.owners_for(scored.len());
         // Ties (vanishingly rare) break by address, so every node agrees.
         scored.sort_unstable_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.addr.cmp(&b.1.addr)));
         scored.into_iter().take(k).map(|(_, m)| m).collect()
@@ -138,16 +150,27 @@ impl Ring {
     /// What the node `me` does for `chunk`. `me` need not be a member (a node that has not
     /// shown up in the membership yet asks like any requester).
     pub fn role(&self, me: &Member, chunk: &Digest) -> Role {
-        let owners = self.owners(chunk);
+        self.role_skipping(me, chunk, |_| false)
+    }
+
+    /// [`Ring::role`] in the ring without the members `skip` names (never `me`): owners that
+    /// are down hand their chunks to the next-best members instead of the origin, so a dead
+    /// or not-yet-serving node costs the fleet one origin fetch of each of its chunks (by
+    /// the member next in line), not one per node that wanted it.
+    pub fn role_skipping(
+        &self,
+        me: &Member,
+        chunk: &Digest,
+        skip: impl Fn(&Member) -> bool,
+    ) -> Role {
+        let usable = |m: &Member| m.addr == me.addr || !skip(m);
+        let owners = self.owners_among(chunk, usable);
         let Some(primary) = owners.first() else {
             return Role::Alone;
         };
         if primary.addr == me.addr {
-            return if self.members.len() == 1 {
-                Role::Alone
-            } else {
-                Role::Primary
-            };
+            let others = self.members.iter().any(|m| m.addr != me.addr && usable(m));
+            return if others { Role::Primary } else { Role::Alone };
         }
         if owners.iter().any(|o| o.addr == me.addr) {
             return Role::Secondary {
@@ -175,6 +198,51 @@ mod tests {
 
     fn addrs(n: usize) -> Vec<String> {
         (0..n).map(|i| format!("10.0.0.{i}:7070")).collect()
+    }
+
+    #[test]
+    fn skipping_a_member_moves_only_its_chunks_to_the_next_best() {
+        let ring = Ring::new(addrs(6), 64);
+        let me = Member::new("10.0.0.0:7070");
+        let down = "10.0.0.3:7070";
+        let mut moved = 0;
+        for c in &digests(3000) {
+            let full: Vec<&str> = ring.top(c, 6).iter().map(|m| m.addr.as_str()).collect();
+            let role = ring.role_skipping(&me, c, |m| m.addr == down);
+            if full[0] != down {
+                assert_eq!(
+                    role,
+                    ring.role(&me, c),
+                    "a chunk the down member did not own moved"
+                );
+                continue;
+            }
+            moved += 1;
+            // The next-best member owns it now: this node, or the one it asks.
+            match (full[1], role) {
+                (next, Role::Primary) => assert_eq!(next, me.addr),
+                (next, Role::Requester { owner }) => assert_eq!(owner.addr, next),
+                (_, other) => panic!("unexpected role {other:?}"),
+            }
+        }
+        assert!(
+            (300..700).contains(&moved),
+            "{moved} of 3000 chunks were the down member's"
+        );
+    }
+
+    #[test]
+    fn a_node_whose_peers_are_all_down_is_alone() {
+        let ring = Ring::new(addrs(3), 64);
+        let me = Member::new("10.0.0.0:7070");
+        for c in &digests(50) {
+            assert_eq!(ring.role_skipping(&me, c, |_| true), Role::Alone);
+        }
+        // Never skipped itself, even when asked to skip everyone: still a member, still Alone.
+        let outsider = Member::new("10.9.9.9:7070");
+        for c in &digests(50) {
+            assert_eq!(ring.role_skipping(&outsider, c, |_| true), Role::Alone);
+        }
     }
 
     #[test]

@@ -76,6 +76,12 @@ fn a_peer_killed_mid_read_leaves_the_others_reading_from_the_store() {
         noticed > 0,
         "no node noticed the dead peer (it owned a quarter of the chunks): {stats:?}"
     );
+    // Its chunks went to the next-best member, not every survivor to the origin.
+    let rerouted: u64 = stats.iter().map(|s| peer_counter(s, "rerouted")).sum();
+    assert!(
+        rerouted > 0,
+        "no survivor asked the dead peer's chunks of the next-best member: {stats:?}"
+    );
 }
 
 /// A test peer that lies (a stand-in for a compromised or broken node): it has the fleet's
