@@ -21,7 +21,9 @@
 # $FLEET_NET.1, where the origin listens), with a NIC of that many Mbit/s each way (tbf on both
 # ends of its veth), so the nodes compete for the origin and their own links as machines would.
 # FLEET_ORIGIN_MBIT caps the origin's link to all nodes together (tbf on the bridge; default
-# none). FLEET_NET (10.213.0) is the /24 of that test network; nothing outside it is reached.
+# none), FLEET_QUEUE_MS the depth of each shaped link's queue in milliseconds at its rate
+# (default 100; deeper queues delay the ACKs of a node's download behind its upload). FLEET_NET
+# (10.213.0) is the /24 of that test network; nothing outside it is reached.
 # Needs root and /dev/fuse (and iproute2 with tbf for FLEET_NIC_MBIT); the tools come from
 # hack/build-test-tools.sh.
 set -euo pipefail
@@ -39,6 +41,8 @@ TOXI_PORT=${FLEET_TOXI_PORT:-30613}
 PEER_BASE=${FLEET_PEER_BASE:-30700}
 NIC_MBIT=${FLEET_NIC_MBIT:-}
 ORIGIN_MBIT=${FLEET_ORIGIN_MBIT:-}
+QUEUE_MS=${FLEET_QUEUE_MS:-100}
+[[ $QUEUE_MS =~ ^[0-9]+$ ]] && ((QUEUE_MS >= 1 && QUEUE_MS <= 10000)) || die "FLEET_QUEUE_MS=$QUEUE_MS: want 1 to 10000"
 NET=${FLEET_NET:-10.213.0}
 BRIDGE=sealedfbr0
 
@@ -99,12 +103,12 @@ nodes() { find "$W" -maxdepth 1 -name 'node-*' -type d 2>/dev/null | sort -V; }
 # --- the test network (FLEET_NIC_MBIT) -----------------------------------------------------
 
 # A token-bucket shaper of $2 Mbit/s on the egress of device $1 (in namespace $3, if given):
-# a queue of at most 100 ms, then drops, as a switch port would.
+# a queue of at most QUEUE_MS, then drops, as a switch port would.
 shape() {
   local dev=$1 mbit=$2 ns=${3:-}
   python3 -c 'import sys; m = float(sys.argv[1]); assert 1 <= m <= 100000' "$mbit" 2>/dev/null ||
     die "a link rate of '$mbit' Mbit/s: want 1 to 100000"
-  tc ${ns:+-n "$ns"} qdisc replace dev "$dev" root tbf rate "${mbit}mbit" burst 256kb latency 100ms
+  tc ${ns:+-n "$ns"} qdisc replace dev "$dev" root tbf rate "${mbit}mbit" burst 256kb latency "${QUEUE_MS}ms"
 }
 
 node_ns() { echo "sealed-fleet-$1"; }

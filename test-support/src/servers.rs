@@ -189,13 +189,28 @@ pub fn start_azurite(container: &str) -> Option<Server> {
         .unwrap();
     wait_for_port(port, &mut child, "azurite-blob");
     let url = azurite_endpoint(port);
-    let status = Command::new("python3")
-        .arg(repo_root().join("hack/azurite-container.py"))
-        .arg(&url)
-        .arg(container)
-        .status()
-        .unwrap();
-    assert!(status.success(), "creating container {container} failed");
+    // Its port can accept before the blob service answers (a loaded CI run once saw the
+    // first request refused): try for a few seconds while the server lives.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let status = Command::new("python3")
+            .arg(repo_root().join("hack/azurite-container.py"))
+            .arg(&url)
+            .arg(container)
+            .status()
+            .unwrap();
+        if status.success() {
+            break;
+        }
+        if let Ok(Some(exit)) = child.try_wait() {
+            panic!("azurite-blob exited while creating container {container}: {exit}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "creating container {container} failed for 15 s"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
     Some(Server {
         child,
         port,
