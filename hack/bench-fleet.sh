@@ -6,6 +6,10 @@
 #
 #   hack/bench-fleet.sh                  # 1 GiB version; CSV to docs/benchmarks/fleet.csv
 #   BENCH_MIB=256 BENCH_NS="1 4" hack/bench-fleet.sh
+#   BENCH_ROUNDS=3 BENCH_NS="1 8" BENCH_MODES=peer BENCH_ACK_FIRST="1 0" BENCH_NIC_MBIT=200 \
+#     BENCH_ORIGIN_MBIT=800 BENCH_CSV=docs/benchmarks/fleet-net-repeats.csv hack/bench-fleet.sh
+#                                        # repeats, ACK-first and plain FIFO links side by side
+#   hack/fleet-table.py docs/benchmarks/fleet-net.csv   # the summary table of a CSV again
 #   hack/plot-fleet.py                   # docs/benchmarks/fleet.csv -> docs/benchmarks/fleet.png
 #   BENCH_CPUS=0.1 BENCH_CSV=docs/benchmarks/fleet-capped-0.1.csv hack/bench-fleet.sh
 #                                        # each node capped at 0.1 cores, as if on its own machine
@@ -19,7 +23,10 @@
 # FLEET_ORIGIN_MBIT; default none: loopback), BENCH_LEARNED (hack/fleet.sh's FLEET_LEARNED;
 # default 0: no learned prefetch, so every row is a cold read of what its readers ask, and the
 # N = 1 row, the version's first mount, is not the only one without a replayed profile),
-# SEALED (default: the release build, built here),
+# BENCH_ROUNDS (1: how many times the whole set runs, one after another; the summary gives
+# each row's median over rounds, every ratio against its own round's N = 1), BENCH_ACK_FIRST
+# (hack/fleet.sh's FLEET_ACK_FIRST with shaped links: 1, the default, 0, or "0 1" for both
+# side by side in each round), SEALED (default: the release build, built here),
 # FLEET_* as hack/fleet.sh reads them.
 set -euo pipefail
 HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -38,23 +45,31 @@ export FLEET_CPUS=${BENCH_CPUS:-${FLEET_CPUS:-}}
 export FLEET_LEARNED=${BENCH_LEARNED:-0}
 export FLEET_NIC_MBIT=${BENCH_NIC_MBIT:-${FLEET_NIC_MBIT:-}}
 export FLEET_ORIGIN_MBIT=${BENCH_ORIGIN_MBIT:-${FLEET_ORIGIN_MBIT:-}}
+ROUNDS=${BENCH_ROUNDS:-1}
+[[ $ROUNDS =~ ^[1-9][0-9]?$ ]] || { echo "BENCH_ROUNDS=$ROUNDS: want 1 to 99" >&2; exit 2; }
+# Without shaped links there is no queue to order: one pass.
+ACK_FIRST=${BENCH_ACK_FIRST:-1}
+[[ -n $FLEET_NIC_MBIT ]] || ACK_FIRST=0
+for a in $ACK_FIRST; do [[ $a =~ ^[01]$ ]] || { echo "BENCH_ACK_FIRST=$ACK_FIRST: want 0, 1 or \"0 1\"" >&2; exit 2; }; done
 
 log() { printf '[bench-fleet] %s\n' "$*" >&2; }
 trap '"$HACK/fleet.sh" down >/dev/null 2>&1 || true' EXIT
 
 rm -rf --one-file-system "$FLEET_DIR"
-echo "mode,nodes,node,seconds,bytes_read,origin_bytes,peer_bytes,served_bytes,read_errors,peer_corrupt,version_bytes,cpu_seconds,machine_busy,nic_mbit,origin_mbit,cpus" >"$CSV"
-for mode in $MODES; do
-  for n in $NS; do
-    log "$mode: $n nodes, $MIB MiB"
-    FLEET_PEERS=$([[ $mode == peer ]] && echo 1 || echo 0) "$HACK/fleet.sh" up "$n" "$MIB"
-    "$HACK/fleet.sh" read >"$FLEET_DIR/times"
-    "$HACK/fleet.sh" down
-    version=$(du -sb "$FLEET_DIR/src" | cut -f1)
-    busy=$(awk '$1 == "machine" { print $2 }' "$FLEET_DIR/times")
-    setup="${FLEET_NIC_MBIT:-},${FLEET_ORIGIN_MBIT:-},${FLEET_CPUS:-}"
-    grep '^node-' "$FLEET_DIR/times" | while read -r node seconds bytes cpu; do
-      python3 - "$FLEET_DIR/$node/stats.json" "$mode,$n,$node,$seconds,$bytes" "$version,$cpu,$busy,$setup" >>"$CSV" <<'PY'
+echo "round,ack_first,mode,nodes,node,seconds,bytes_read,origin_bytes,peer_bytes,served_bytes,read_errors,peer_corrupt,version_bytes,cpu_seconds,machine_busy,nic_mbit,origin_mbit,cpus" >"$CSV"
+for round in $(seq "$ROUNDS"); do
+  for ack in $ACK_FIRST; do
+    for mode in $MODES; do
+      for n in $NS; do
+        log "round $round${FLEET_NIC_MBIT:+, ACK-first $ack}: $mode, $n nodes, $MIB MiB"
+        FLEET_ACK_FIRST=$ack FLEET_PEERS=$([[ $mode == peer ]] && echo 1 || echo 0) "$HACK/fleet.sh" up "$n" "$MIB"
+        "$HACK/fleet.sh" read >"$FLEET_DIR/times"
+        "$HACK/fleet.sh" down
+        version=$(du -sb "$FLEET_DIR/src" | cut -f1)
+        busy=$(awk '$1 == "machine" { print $2 }' "$FLEET_DIR/times")
+        setup="${FLEET_NIC_MBIT:-},${FLEET_ORIGIN_MBIT:-},${FLEET_CPUS:-}"
+        grep '^node-' "$FLEET_DIR/times" | while read -r node seconds bytes cpu; do
+          python3 - "$FLEET_DIR/$node/stats.json" "$round,$ack,$mode,$n,$node,$seconds,$bytes" "$version,$cpu,$busy,$setup" >>"$CSV" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
 peer = s.get("peer", {})
@@ -62,28 +77,10 @@ print(",".join([sys.argv[2], str(s["store_bytes_fetched"]), str(s["peer_bytes_fe
                 str(peer.get("served_bytes", 0)), str(s["read_errors"]), str(s["peer_corrupt"]),
                 sys.argv[3]]))
 PY
+        done
+      done
     done
   done
 done
 log "wrote $CSV"
-python3 - "$CSV" <<'PY'
-import csv, sys, collections
-rows = list(csv.DictReader(open(sys.argv[1])))
-runs = collections.OrderedDict()
-for r in rows:
-    runs.setdefault((r["mode"], int(r["nodes"])), []).append(r)
-alone = {m: max(float(r["seconds"]) for r in rs) for (m, n), rs in runs.items() if n == 1}
-print("| mode | N | origin bytes / version | slowest node s | mean node s | slowest / N=1 | max served / mean served | CPU s / node | machine busy |")
-print("|---|---|---|---|---|---|---|---|---|")
-for (mode, n), rs in runs.items():
-    v = int(rs[0]["version_bytes"])
-    origin = sum(int(r["origin_bytes"]) for r in rs)
-    secs = [float(r["seconds"]) for r in rs]
-    served = [int(r["served_bytes"]) for r in rs]
-    load = (max(served) / (sum(served) / len(served))) if sum(served) else 0
-    ratio = f"{max(secs) / alone[mode]:.2f}×" if alone.get(mode) else "-"
-    cpu = [float(r.get("cpu_seconds") or 0) for r in rs]
-    busy = float(rs[0].get("machine_busy") or 0)
-    print(f"| {mode} | {n} | {origin / v:.2f}× | {max(secs):.1f} | {sum(secs)/len(secs):.1f} | "
-          f"{ratio} | {load:.2f} | {sum(cpu)/len(cpu):.1f} | {busy:.0%} |")
-PY
+"$HACK/fleet-table.py" "$CSV"

@@ -24,6 +24,12 @@
 # none), FLEET_QUEUE_MS the depth of each shaped link's queue in milliseconds at its rate
 # (default 100; deeper queues delay the ACKs of a node's download behind its upload). FLEET_NET
 # (10.213.0) is the /24 of that test network; nothing outside it is reached.
+# FLEET_ACK_FIRST (1) lets pure TCP ACKs pass a shaped link's queue first, as a host's
+# fair-queueing qdisc (fq, fq_codel) does; 0 is one plain FIFO per direction, where a node's
+# download ACKs wait behind its upload (measured: 1.28-1.52x one node's time at N = 8, against
+# 1.2x with ACKs first; docs/benchmarks.md). FLEET_TCP_CC picks the nodes' TCP congestion
+# control (default: the machine's).
+# FLEET_MOUNT_ARGS adds flags to every node's `sealed mount` (e.g. "--readahead 256Mi").
 # Needs root and /dev/fuse (and iproute2 with tbf for FLEET_NIC_MBIT); the tools come from
 # hack/build-test-tools.sh.
 set -euo pipefail
@@ -44,6 +50,10 @@ ORIGIN_MBIT=${FLEET_ORIGIN_MBIT:-}
 QUEUE_MS=${FLEET_QUEUE_MS:-100}
 [[ $QUEUE_MS =~ ^[0-9]+$ ]] && ((QUEUE_MS >= 1 && QUEUE_MS <= 10000)) || die "FLEET_QUEUE_MS=$QUEUE_MS: want 1 to 10000"
 NET=${FLEET_NET:-10.213.0}
+TCP_CC=${FLEET_TCP_CC:-}
+ACK_FIRST=${FLEET_ACK_FIRST:-1}
+[[ $ACK_FIRST =~ ^[01]$ ]] || die "FLEET_ACK_FIRST=$ACK_FIRST: want 0 or 1"
+[[ -z $TCP_CC || $TCP_CC =~ ^[a-z0-9_]+$ ]] || die "FLEET_TCP_CC=$TCP_CC: want a congestion control's name"
 BRIDGE=sealedfbr0
 
 export PATH="$("$HACK_DIR/build-test-tools.sh"):$PATH"
@@ -108,7 +118,28 @@ shape() {
   local dev=$1 mbit=$2 ns=${3:-}
   python3 -c 'import sys; m = float(sys.argv[1]); assert 1 <= m <= 100000' "$mbit" 2>/dev/null ||
     die "a link rate of '$mbit' Mbit/s: want 1 to 100000"
-  tc ${ns:+-n "$ns"} qdisc replace dev "$dev" root tbf rate "${mbit}mbit" burst 256kb latency "${QUEUE_MS}ms"
+  local tc=(tc ${ns:+-n "$ns"})
+  if [[ $ACK_FIRST != 1 ]]; then
+    "${tc[@]}" qdisc replace dev "$dev" root tbf rate "${mbit}mbit" burst 256kb latency "${QUEUE_MS}ms"
+    return
+  fi
+  # The same rate and queue, but pure ACKs (TCP, flags ACK only, under 128 bytes) go first:
+  # what a fair-queueing host qdisc (fq, fq_codel: Linux's usual default; this kernel has
+  # neither) does for them. Without it a node's download ACKs wait behind its upload.
+  local queue_bytes
+  queue_bytes=$(python3 -c 'import sys; print(max(64 * 1024, int(float(sys.argv[1]) * 125000 * int(sys.argv[2]) / 1000)))' "$mbit" "$QUEUE_MS")
+  "${tc[@]}" qdisc replace dev "$dev" root handle 1: htb default 20
+  # quantum: how many bytes a class sends per round (the default, rate / 10, is over HTB's
+  # limit at these rates and draws a warning); a few full frames.
+  "${tc[@]}" class add dev "$dev" parent 1: classid 1:1 htb rate "${mbit}mbit" ceil "${mbit}mbit" burst 256kb quantum 60000
+  "${tc[@]}" class add dev "$dev" parent 1:1 classid 1:10 htb rate "$(python3 -c 'import sys; print(max(1, float(sys.argv[1]) / 20))' "$mbit")mbit" ceil "${mbit}mbit" prio 0 quantum 60000
+  "${tc[@]}" class add dev "$dev" parent 1:1 classid 1:20 htb rate "${mbit}mbit" ceil "${mbit}mbit" burst 256kb prio 1 quantum 60000
+  "${tc[@]}" qdisc add dev "$dev" parent 1:10 pfifo limit 1000
+  "${tc[@]}" qdisc add dev "$dev" parent 1:20 bfifo limit "$queue_bytes"
+  # IPv4, header of 5 words, total length < 128, TCP, flags exactly ACK.
+  "${tc[@]}" filter add dev "$dev" parent 1: protocol ip prio 1 u32 \
+    match ip protocol 6 0xff match u8 0x05 0x0f at 0 match u16 0x0000 0xff80 at 2 \
+    match u8 0x10 0xff at 33 flowid 1:10
 }
 
 node_ns() { echo "sealed-fleet-$1"; }
@@ -126,6 +157,12 @@ net_up() {
   # Frames between nodes are forwarded port to port; only what the host itself sends (the
   # origin) passes the bridge device's own queue.
   [[ -z $ORIGIN_MBIT ]] || shape "$BRIDGE" "$ORIGIN_MBIT"
+  # A namespace may pick only an allowed congestion control (the machine allows its default).
+  if [[ -n $TCP_CC ]] && ! grep -qw "$TCP_CC" /proc/sys/net/ipv4/tcp_allowed_congestion_control; then
+    grep -qw "$TCP_CC" /proc/sys/net/ipv4/tcp_available_congestion_control ||
+      die "FLEET_TCP_CC=$TCP_CC: this kernel has $(cat /proc/sys/net/ipv4/tcp_available_congestion_control)"
+    sysctl -qw "net.ipv4.tcp_allowed_congestion_control=$(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control) $TCP_CC"
+  fi
 }
 
 # Node $1's namespace and NIC: a veth with one end on the bridge, both ends shaped, so the
@@ -142,6 +179,7 @@ node_net_up() {
   ip -n "$ns" link set lo up
   shape "sfv$i" "$NIC_MBIT"
   shape eth0 "$NIC_MBIT" "$ns"
+  [[ -z $TCP_CC ]] || ip netns exec "$ns" sysctl -qw "net.ipv4.tcp_congestion_control=$TCP_CC"
 }
 
 net_down() {
@@ -189,6 +227,8 @@ up() {
   done
   local digest peer_flags=() in_net=() learned=()
   [[ ${FLEET_LEARNED:-1} == 1 ]] || learned=(--no-learned-prefetch)
+  local extra=()
+  read -r -a extra <<<"${FLEET_MOUNT_ARGS:-}"
   digest=$(cat "$W/digest")
   for ((i = 0; i < n; i++)); do
     local d=$W/node-$i
@@ -202,7 +242,7 @@ up() {
     mapfile -t in_net < <(node_net_prefix "$i")
     SEALED_STORE_ENDPOINT="http://$origin_host:$PROXY_PORT" SEALED_LOG=${SEALED_LOG:-warn} \
       in_cgroup "node-$i" "${in_net[@]}" "$SEALED" -o json mount "$digest" "$d/mnt" --cache-dir "$d/cache" --cache-size 4Gi \
-      "${peer_flags[@]}" "${learned[@]}" >"$d/stats.json" 2>"$d/log" &
+      "${peer_flags[@]}" "${learned[@]}" "${extra[@]}" >"$d/stats.json" 2>"$d/log" &
     echo $! >"$d/pid"
   done
   for d in $(nodes); do
@@ -215,10 +255,15 @@ up() {
 # Every node reads every file once, all at the same moment: "node seconds bytes cpu_seconds"
 # lines (cpu_seconds: the node's mount process, user + system, over the read), then a last line
 # "machine BUSY" (the fraction of this machine's cores busy over the whole read), so a result
-# says whether the nodes or the machine were the limit.
+# says whether the nodes or the machine were the limit. With FLEET_NIC_MBIT, each node's link
+# over the read lands in $W/links.txt (hack/fleet-links.py $W/links.txt $FLEET_NIC_MBIT).
 read_all() {
-  local d before after
+  local d before after sampler= readers=()
   for d in $(nodes); do cpu_seconds "$(cat "$d/pid")" >"$d/cpu-before"; done
+  if [[ -n $NIC_MBIT ]]; then
+    sample_links &
+    sampler=$!
+  fi
   before=$(machine_ticks)
   for d in $(nodes); do
     (
@@ -230,12 +275,29 @@ read_all() {
       cpu=$(echo "$(cpu_seconds "$(cat "$d/pid")") - $(cat "$d/cpu-before")" | bc)
       echo "$(basename "$d") $elapsed $bytes $cpu"
     ) &
+    readers+=($!)
   done
-  wait
+  wait "${readers[@]}"
   after=$(machine_ticks)
+  [[ -z $sampler ]] || kill "$sampler" 2>/dev/null || true
   python3 -c 'import sys; b = [int(x) for x in sys.argv[1].split()]; a = [int(x) for x in sys.argv[2].split()]
 busy, total = a[0] - b[0], a[1] - b[1]
 print(f"machine {busy / total:.3f}" if total > 0 else "machine 0")' "$before" "$after"
+}
+
+# Every 0.5 s, each node's link counters as "seconds node down_bytes up_bytes" lines in
+# $W/links.txt (from the bridge end of its veth: what the bridge sends the node is its
+# download); hack/fleet-links.py reads them.
+sample_links() {
+  local i t n
+  n=$(nodes | wc -l)
+  while true; do
+    t=$(date +%s.%N)
+    for ((i = 0; i < n; i++)); do
+      echo "$t $i $(cat "/sys/class/net/sfv$i/statistics/tx_bytes" "/sys/class/net/sfv$i/statistics/rx_bytes" 2>/dev/null | paste -sd' ')"
+    done
+    sleep 0.5
+  done >"$W/links.txt"
 }
 
 # User + system CPU seconds of process $1 so far (0 if it is gone).

@@ -163,6 +163,10 @@ struct Args {
     /// Most nodes one owner serves a chunk to; the owners per chunk widen beyond that
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     peer_fanout: u64,
+    /// Cap on the bytes per second this node sends to all peers together (e.g. 100Mi; at
+    /// least 1Mi) [default: none, the link's speed]
+    #[arg(long, value_parser = parse_size)]
+    peer_upload_rate: Option<u64>,
     /// TLS between peers (mTLS; all three files or none): this node's certificate chain
     /// (PEM), for --peer-tls-name under the fleet's CA, with server and client use
     #[arg(long, env = "SEALED_PEER_TLS_CERT")]
@@ -223,6 +227,12 @@ fn peer_config(args: &Args) -> anyhow::Result<Option<PeerConfig>> {
         members,
         request_timeout: Duration::from_millis(args.peer_timeout_ms),
         fanout: usize::try_from(args.peer_fanout).unwrap_or(usize::MAX),
+        upload_rate: match args.peer_upload_rate {
+            Some(rate) if rate < sealed_peer::pace::MIN_UPLOAD_RATE => anyhow::bail!(
+                "--peer-upload-rate {rate} bytes/s: want at least 1Mi (a 4 MiB chunk must reach its asker within 10 s)"
+            ),
+            rate => rate,
+        },
         // Loaded now: a certificate its peers would refuse stops the plugin at start.
         tls: sealed_peer::PeerTls::from_flags(
             args.peer_tls_cert.as_deref(),

@@ -28,6 +28,8 @@ pub struct PeerConfig {
     pub members: PeerMembers,
     pub request_timeout: Duration,
     pub fanout: usize,
+    /// Cap on the bytes per second sent to all peers together; `None`: none.
+    pub upload_rate: Option<u64>,
     /// TLS between peers; `None`: h2c.
     pub tls: Option<sealed_peer::PeerTls>,
 }
@@ -55,6 +57,7 @@ pub async fn start(
     let mut options = PeerOptions::new(config.listen, config.advertise.clone(), token);
     options.set_request_timeout(config.request_timeout);
     options.fanout = config.fanout.max(1);
+    options.upload_rate = config.upload_rate;
     options.tls = config.tls.clone();
     let members: Membership = match &config.members {
         PeerMembers::Fixed(addrs) => membership::fixed(addrs.clone(), options.fanout),
@@ -116,7 +119,7 @@ impl PeerCollector {
             .with_label_values(&["origin"])
             .inc_by(m.store_bytes_fetched);
         out.push(Box::new(bytes));
-        let counters: [(&str, &str, u64); 20] = [
+        let counters: [(&str, &str, u64); 21] = [
             (
                 "sealed_peer_hits_total",
                 "Chunks a peer served (verified)",
@@ -211,6 +214,11 @@ impl PeerCollector {
                 "sealed_peer_tls_refused_total",
                 "Connections to the TLS peer port whose handshake failed or stalled",
                 p.tls_refused,
+            ),
+            (
+                "sealed_peer_upload_wait_microseconds_total",
+                "Microseconds answers to peers waited for the upload cap (--peer-upload-rate), summed",
+                p.upload_wait_us,
             ),
             (
                 "sealed_peer_fetched_bytes_total",

@@ -948,6 +948,7 @@ fn bad_values_fail_with_the_field_named() {
             "/operator/image/digest",
         ),
         (&["--set", "logging.format=xml"], "/logging/format"),
+        (&["--set", "peer.uploadRate=100mbit"], "/peer/uploadRate"),
         (
             &["--set-json", r#"commonLabels={"team":1}"#],
             "/commonLabels/team",
@@ -978,6 +979,7 @@ fn the_binaries_accept_the_flags_the_chart_passes() -> Result<()> {
     };
     let variants: &[&[&str]] = &[
         &[],
+        &["peer.enabled=true", "peer.uploadRate=100Mi"],
         &[
             "node.registrar.enabled=true",
             "json:node.excludedGpuProducts=[]",
@@ -1532,6 +1534,7 @@ fn peer_values_render_the_service_token_and_flags() -> Result<()> {
     let docs = render(&helm, &[])?;
     let plugin = container(pod_spec(&daemonset(&docs)?), "plugin").clone();
     assert_eq!(flag(&plugin, "--peer-listen"), None);
+    assert_eq!(flag(&plugin, "--peer-upload-rate"), None);
     assert!(
         of_kind(&docs, "Service")
             .iter()
@@ -1540,7 +1543,12 @@ fn peer_values_render_the_service_token_and_flags() -> Result<()> {
 
     let docs = render(
         &helm,
-        &["peer.enabled=true", "peer.port=7171", "peer.fanout=16"],
+        &[
+            "peer.enabled=true",
+            "peer.port=7171",
+            "peer.fanout=16",
+            "peer.uploadRate=100Mi",
+        ],
     )?;
     let ds = daemonset(&docs)?;
     let spec = pod_spec(&ds);
@@ -1558,6 +1566,7 @@ fn peer_values_render_the_service_token_and_flags() -> Result<()> {
         Some("sealed-system/sv-sealed-volumes-peers")
     );
     assert_eq!(flag(plugin, "--peer-fanout").as_deref(), Some("16"));
+    assert_eq!(flag(plugin, "--peer-upload-rate").as_deref(), Some("100Mi"));
     let token_file = flag(plugin, "--peer-token-file").context("no --peer-token-file")?;
     let mount = plugin
         .volume_mounts

@@ -11,6 +11,7 @@
 pub mod client;
 pub mod membership;
 pub mod metrics;
+pub mod pace;
 pub mod ring;
 pub mod server;
 pub mod tls;
@@ -78,6 +79,9 @@ pub struct PeerOptions {
     pub serve_timeout: Duration,
     /// Most nodes one owner serves a chunk to: the owner set widens to members / fanout.
     pub fanout: usize,
+    /// Cap on the bytes per second this node sends to all peers together (`None`: the
+    /// link's speed); see [`pace`].
+    pub upload_rate: Option<u64>,
 }
 
 impl PeerOptions {
@@ -102,6 +106,7 @@ impl PeerOptions {
             max_concurrent_serves: 64,
             serve_timeout: Duration::from_secs(10),
             fanout: 64,
+            upload_rate: None,
         }
     }
 }

@@ -38,6 +38,9 @@ pub struct PeerMetrics {
     /// Connections to this node's TLS peer port whose handshake failed or stalled: a client
     /// without a certificate of this fleet (another CA, another name, h2c), or a slowloris.
     pub tls_refused: AtomicU64,
+    /// Microseconds answers waited for the upload cap (`--peer-upload-rate`), summed over
+    /// answers: how much the cap held this node's serving back.
+    pub upload_wait_us: AtomicU64,
 }
 
 /// A point-in-time copy, for JSON and tests.
@@ -61,6 +64,8 @@ pub struct PeerSnapshot {
     pub served_errors: u64,
     pub forwarded: u64,
     pub tls_refused: u64,
+    #[serde(default)]
+    pub upload_wait_us: u64,
 }
 
 impl PeerMetrics {
@@ -91,6 +96,7 @@ impl PeerMetrics {
             served_errors: g(&self.served_errors),
             forwarded: g(&self.forwarded),
             tls_refused: g(&self.tls_refused),
+            upload_wait_us: g(&self.upload_wait_us),
         }
     }
 }

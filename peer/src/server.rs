@@ -16,6 +16,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use futures::StreamExt as _;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
 use sealed_mount::NodeCache;
@@ -25,6 +26,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::metrics::PeerMetrics;
+use crate::pace::UploadPacer;
 use crate::ring::{Member, RingView, Role};
 use crate::tls::{HANDSHAKE_TIMEOUT, PeerTls};
 use crate::token::PeerToken;
@@ -45,6 +47,8 @@ struct ServerState {
     /// Requests being answered at once; one more is told 503 (the asker goes to the origin).
     slots: Arc<Semaphore>,
     serve_timeout: Duration,
+    /// The upload cap, shared by every answer (`None`: none).
+    pacer: Option<Arc<UploadPacer>>,
     metrics: Arc<PeerMetrics>,
 }
 
@@ -69,6 +73,9 @@ pub fn router(
         token: options.token.clone(),
         slots: Arc::new(Semaphore::new(options.max_concurrent_serves.max(1))),
         serve_timeout: options.serve_timeout,
+        pacer: options
+            .upload_rate
+            .map(|rate| Arc::new(UploadPacer::new(rate, metrics.clone()))),
         metrics,
     };
     Router::new()
@@ -173,6 +180,7 @@ async fn chunk(
         return (StatusCode::SERVICE_UNAVAILABLE, "too many peer requests\n").into_response();
     };
     let last_hop = headers.get(HOP_HEADER).is_some();
+    let pacer = state.pacer.clone();
     let role = state.ring.borrow().role(&state.me, &chunk.digest);
     // The headers go out at once and the body when the chunk is here: the asker then knows
     // this node is alive and working on it, and waits for the body (its body bound) instead
@@ -221,7 +229,7 @@ async fn chunk(
             (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
             (header::CONTENT_LENGTH, chunk.len.to_string()),
         ],
-        Body::from_stream(body),
+        Body::from_stream(body.flat_map(move |served| crate::pace::body(served, pacer.clone()))),
     )
         .into_response()
 }

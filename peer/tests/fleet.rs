@@ -75,3 +75,39 @@ fn hot_chunks_have_several_owners_and_still_one_origin_fetch() {
     );
     assert!(forwarded > 0, "no secondary owner passed a request on");
 }
+
+/// With `--peer-upload-rate`, what a node serves its peers waits for the cap: two nodes
+/// reading a 16 MiB version at once each serve the other its share (about 8 MiB) through a
+/// 2 MiB/s cap, so their answers wait seconds in all, and every byte is still right.
+#[test]
+fn served_bytes_wait_for_the_upload_cap_and_arrive_whole() {
+    let Some(fleet) = Fleet::start(2, 8) else {
+        return;
+    };
+    let (ports, addrs) = ports(2);
+    let peers = [
+        format!("--peers={}", addrs.join(",")),
+        "--peer-upload-rate=2Mi".to_owned(),
+    ];
+    let nodes: Vec<_> = (0..2)
+        .map(|i| fleet.node(i, ports[i], &peers, &[]))
+        .collect();
+    for wrong in read_everywhere(&fleet, &nodes) {
+        assert_eq!(wrong, Vec::<String>::new(), "wrong bytes read");
+    }
+    let stats: Vec<_> = nodes.into_iter().map(|n| n.stop()).collect();
+    for s in &stats {
+        assert_eq!(counter(s, "read_errors"), 0);
+        let served = peer_counter(s, "served_bytes");
+        let waited_us = peer_counter(s, "upload_wait_us");
+        eprintln!("served {served} B, waited {waited_us} us for the cap");
+        // Past the bucket's first slice, 2 MiB/s is 0.5 s a MiB; the waits of answers sent
+        // side by side add up, so their sum is at least that (half of it, for slack).
+        let paced_us = served.saturating_sub(64 << 10) * 1_000_000 / (2 << 20);
+        assert!(served > 0, "a node served nothing: {s}");
+        assert!(
+            waited_us >= paced_us / 2,
+            "{served} B served at 2 MiB/s but answers waited only {waited_us} us: {s}"
+        );
+    }
+}
