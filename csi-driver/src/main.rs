@@ -227,12 +227,8 @@ fn peer_config(args: &Args) -> anyhow::Result<Option<PeerConfig>> {
         members,
         request_timeout: Duration::from_millis(args.peer_timeout_ms),
         fanout: usize::try_from(args.peer_fanout).unwrap_or(usize::MAX),
-        upload_rate: match args.peer_upload_rate {
-            Some(rate) if rate < sealed_peer::pace::MIN_UPLOAD_RATE => anyhow::bail!(
-                "--peer-upload-rate {rate} bytes/s: want at least 1Mi (a 4 MiB chunk must reach its asker within 10 s)"
-            ),
-            rate => rate,
-        },
+        upload_rate: sealed_peer::pace::checked_rate(args.peer_upload_rate)
+            .map_err(anyhow::Error::msg)?,
         // Loaded now: a certificate its peers would refuse stops the plugin at start.
         tls: sealed_peer::PeerTls::from_flags(
             args.peer_tls_cert.as_deref(),

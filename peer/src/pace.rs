@@ -29,6 +29,17 @@ pub const MIN_UPLOAD_RATE: u64 = 1 << 20;
 /// between wake-ups, little enough not to fill a FIFO queue in one go.
 const BURST_MS: u64 = 20;
 
+/// A cap as the flags give it (`--peer-upload-rate`, bytes per second), refused below
+/// [`MIN_UPLOAD_RATE`] with the least named.
+pub fn checked_rate(rate: Option<u64>) -> Result<Option<u64>, String> {
+    match rate {
+        Some(rate) if rate < MIN_UPLOAD_RATE => Err(format!(
+            "--peer-upload-rate {rate} bytes/s: want at least 1Mi (a 4 MiB chunk must reach its asker within 10 s)"
+        )),
+        rate => Ok(rate),
+    }
+}
+
 /// The cap, shared by every answer this node sends.
 pub struct UploadPacer {
     limiter: DefaultDirectRateLimiter,
@@ -161,6 +172,17 @@ mod tests {
             .await;
         assert_eq!(failed.len(), 1);
         assert!(failed[0].is_err());
+    }
+
+    #[test]
+    fn a_cap_below_the_least_is_refused_with_the_least_named() {
+        let err = checked_rate(Some(1000)).unwrap_err();
+        assert!(err.contains("at least 1Mi"), "{err}");
+        assert_eq!(
+            checked_rate(Some(MIN_UPLOAD_RATE)),
+            Ok(Some(MIN_UPLOAD_RATE))
+        );
+        assert_eq!(checked_rate(None), Ok(None));
     }
 
     #[test]

@@ -305,7 +305,8 @@ async fn start_peer_tier(
         args.peer_timeout_ms.clamp(1, 600_000),
     ));
     options.fanout = args.peer_fanout.max(1);
-    options.upload_rate = upload_rate(args.peer_upload_rate)?;
+    options.upload_rate =
+        sealed_peer::pace::checked_rate(args.peer_upload_rate).map_err(anyhow::Error::msg)?;
     options.tls = args.tls.load()?;
     let members = match &args.peers_file {
         Some(path) => membership::from_file(path.clone(), options.fanout, Duration::from_secs(1))?,
@@ -316,16 +317,6 @@ async fn start_peer_tier(
     };
     let node = sealed_peer::PeerNode::start(&options, members, cache, store.clone()).await?;
     Ok(Some(node))
-}
-
-/// The upload cap, if one was asked for and is not below the least the tier takes.
-fn upload_rate(rate: Option<u64>) -> anyhow::Result<Option<u64>> {
-    match rate {
-        Some(rate) if rate < sealed_peer::pace::MIN_UPLOAD_RATE => anyhow::bail!(
-            "--peer-upload-rate {rate} bytes/s: want at least 1Mi (a 4 MiB chunk must reach its asker within 10 s)"
-        ),
-        rate => Ok(rate),
-    }
 }
 
 /// Starts this same command as a background process and returns once it has mounted.
@@ -438,16 +429,3 @@ pub async fn run_umount(_ctx: &Context, args: UmountArgs) -> anyhow::Result<Exit
 /// How long `sealed umount` waits for the serving process to settle: past its own bounds
 /// (flush 10 s, assemblies 20 s, profile 5 s).
 const SETTLE_WAIT: Duration = Duration::from_secs(60);
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_upload_cap_below_the_least_is_refused_with_the_least_named() {
-        let err = upload_rate(Some(1000)).unwrap_err().to_string();
-        assert!(err.contains("at least 1Mi"), "{err}");
-        assert_eq!(upload_rate(Some(1 << 20)).unwrap(), Some(1 << 20));
-        assert_eq!(upload_rate(None).unwrap(), None);
-    }
-}
