@@ -28,7 +28,8 @@
 # fair-queueing qdisc (fq, fq_codel) does; 0 is one plain FIFO per direction, where a node's
 # download ACKs wait behind its upload (measured: 1.28-1.52x one node's time at N = 8, against
 # 1.2x with ACKs first; docs/benchmarks.md). FLEET_TCP_CC picks the nodes' TCP congestion
-# control (default: the machine's).
+# control (default: the machine's); one the machine does not allow yet is added to its
+# net.ipv4.tcp_allowed_congestion_control, which `down` leaves as it is.
 # FLEET_MOUNT_ARGS adds flags to every node's `sealed mount` (e.g. "--readahead 256Mi").
 # Needs root and /dev/fuse (and iproute2 with tbf for FLEET_NIC_MBIT); the tools come from
 # hack/build-test-tools.sh.
