@@ -164,6 +164,16 @@ pub enum Error {
     )]
     VersionReclaimed { digest: Digest, store: String },
 
+    #[error(
+        "version {digest} stays live in store {store}: {volumes} wrote a reference to it while it \
+         was being deleted; run the deletion again to remove that one too"
+    )]
+    StillReferenced {
+        digest: Digest,
+        store: String,
+        volumes: String,
+    },
+
     #[error("store {store}: {what} at {key} is corrupt: {reason}")]
     CorruptRecord {
         store: String,

@@ -83,6 +83,11 @@ pub struct GcReport {
     /// Trash entries past their `restorable_until`, reclaimed (or, dry run, that would be).
     pub trash_expired: u64,
     pub expired_versions: Vec<Digest>,
+    /// Trash entries that a volume still references, put back live instead (a deletion
+    /// that crashed after racing a push; see docs/gc.md), or, dry run, that would be.
+    pub trash_healed: u64,
+    /// Tombstones of removed references past their window, deleted (or, dry run, that would be).
+    pub tombstones_expired: u64,
     pub chunks_scanned: u64,
     /// Distinct chunks named by a live or restorable manifest.
     pub chunks_marked: u64,
@@ -206,6 +211,37 @@ async fn wait_for_writers(
     }
 }
 
+/// Puts back the manifest of a trash entry that a volume references with a proof that
+/// holds (`write`: else only says whether it would). The trashed bytes are checked first.
+async fn heal_referenced(
+    store: &ChunkStore,
+    digest: &Digest,
+    references: &[crate::store::VolumeRecord],
+    write: bool,
+) -> Result<bool> {
+    let Some(bytes) = read_trashed_bytes(store, digest).await? else {
+        return Ok(false);
+    };
+    if verify_digest(digest, &bytes).is_err() || Manifest::parse(&bytes).is_err() {
+        return Ok(false); // the mark step names it as corrupt
+    }
+    let holds = references
+        .iter()
+        .any(|r| r.digest == *digest && r.removed.is_none() && ChunkStore::proof_holds(r, &bytes));
+    if holds && write {
+        store.put_manifest(bytes.to_vec()).await?;
+        store.sync().await?;
+        store
+            .delete_if_exists(&layout::trash_record_key(digest))
+            .await?;
+        store
+            .delete_if_exists(&layout::trash_manifest_key(digest))
+            .await?;
+        tracing::warn!(%digest, "a referenced version was in the trash; put back live");
+    }
+    Ok(holds)
+}
+
 /// Steps 3–5. With `marker: None` (dry run) nothing is deleted.
 async fn run(
     store: &ChunkStore,
@@ -237,7 +273,35 @@ async fn run(
         }
     }
     report.trash_scanned = records.len().max(trash_manifests.len()) as u64;
+    // References: a trash entry a volume still references is put back, never reclaimed;
+    // tombstones past their window go. No writer runs meanwhile (the marker), so this read
+    // is not raced by a new reference.
+    let references = store.list_all_references().await?;
+    for tombstone in references.iter().filter(|r| {
+        r.removed
+            .as_ref()
+            .is_some_and(|m| m.restorable_until < start)
+    }) {
+        report.tombstones_expired += 1;
+        if marker.is_some() {
+            fence("removing expired tombstones")?;
+            store
+                .delete_volume_record(&tombstone.volume, &tombstone.digest)
+                .await?;
+        }
+    }
+    let referenced: HashSet<Digest> = references
+        .iter()
+        .filter(|r| r.removed.is_none())
+        .map(|r| r.digest)
+        .collect();
     for digest in records {
+        if referenced.contains(&digest)
+            && heal_referenced(store, &digest, &references, marker.is_some()).await?
+        {
+            report.trash_healed += 1;
+            continue;
+        }
         let Some(record) = crate::trash::read_record(store, &digest).await? else {
             continue; // absent or unreadable: it never expires, its manifest is marked below
         };

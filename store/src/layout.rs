@@ -4,7 +4,7 @@
 //! <prefix>/chunks/<first 2 hex>/<64 hex>     chunk bytes, named by their BLAKE3
 //! <prefix>/manifests/<64 hex>                sealed manifests, written once
 //! <prefix>/profiles/<64 hex>                 a manifest's learned prefetch profile, written once
-//! <prefix>/volumes/[<ns>/]<name>/<64 hex>    "this version was pushed to this volume" records
+//! <prefix>/volumes/[<ns>/]<name>/<64 hex>    a volume's reference to a version (or its tombstone)
 //! <prefix>/trash/<64 hex>                    a deleted manifest's bytes
 //! <prefix>/trash/<64 hex>.json               its trash record
 //! <prefix>/leases/<32 hex>                   one per writer in flight
@@ -94,7 +94,8 @@ pub fn volume_prefix(volume: &str) -> ObjectPath {
     std::iter::once(VOLUMES).chain(volume.split('/')).collect()
 }
 
-/// `volumes/<volume>/<64 hex>`: the record that `digest` was pushed to `volume`.
+/// `volumes/<volume>/<64 hex>`: the record that `digest` was pushed to `volume` (its
+/// reference to the version, `crate::refs`).
 pub fn volume_record_key(volume: &str, digest: &Digest) -> ObjectPath {
     volume_prefix(volume).child(digest.hex())
 }

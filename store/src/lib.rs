@@ -27,6 +27,7 @@ pub mod profile;
 pub mod progress;
 pub mod pull;
 pub mod push;
+pub mod refs;
 pub mod scan;
 pub mod stat_cache;
 pub mod store;
@@ -42,7 +43,7 @@ pub use lease::WriterLease;
 pub use manifest::{ChunkRef, Entry, EntryKind, FileEntry, Manifest};
 pub use profile::{Profile, ProfileError};
 pub use progress::{NoProgress, Progress};
-pub use store::{ChunkStore, StoreOptions, VolumeRecord};
+pub use store::{ChunkStore, Removal, StoreOptions, VolumeRecord};
 
 /// Environment variables `SEALED_STORE_CRED_<KEY>` are the store's credentials: applied by
 /// [`ChunkStore::open`] as `<key>` (lowercased) builder settings after the backend's own

@@ -305,6 +305,9 @@ pub(crate) async fn seal_manifest(
     lease.confirm().await?;
     if let Some((volume, bytes)) = record_of {
         store.put_volume_record(volume, &bytes).await?;
+        // A deletion of another volume's reference may have trashed the manifest we found
+        // present; now that our reference is written, make sure it is live (docs/gc.md).
+        crate::refs::keep_live(store, &bytes, lease).await?;
     }
 
     let mut report = PushReport {

@@ -73,6 +73,19 @@ pub struct VolumeRecord {
     /// public: Events, status, pod specs). See [`ChunkStore::record_proof`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proof: Option<String>,
+    /// Set when the volume's reference was removed (its version deleted): a tombstone, no
+    /// longer a reference, kept for the retention it asked for (`crate::refs`). Records
+    /// written before references existed have none: they are references.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub removed: Option<Removal>,
+}
+
+/// When a volume's reference was removed and how long the removal asked the version to stay
+/// restorable.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct Removal {
+    pub at: chrono::DateTime<chrono::Utc>,
+    pub restorable_until: chrono::DateTime<chrono::Utc>,
 }
 
 /// A manifest present in the store.
@@ -512,16 +525,24 @@ impl ChunkStore {
             digest: Digest::of(manifest_bytes),
             pushed_at: chrono::Utc::now(),
             proof: Some(Self::record_proof(volume, manifest_bytes)),
+            removed: None,
         };
-        let body = serde_json::to_vec(&record).map_err(|e| Error::Other(e.to_string()))?;
+        self.write_volume_record(&record).await?;
+        Ok(record)
+    }
+
+    /// Writes `record` at its key (a reference, or a tombstone of one).
+    pub(crate) async fn write_volume_record(&self, record: &VolumeRecord) -> Result<()> {
+        validate_volume_name(&record.volume)?;
+        let body = serde_json::to_vec(record).map_err(|e| Error::Other(e.to_string()))?;
         self.inner
             .put(
-                &layout::volume_record_key(volume, &record.digest),
+                &layout::volume_record_key(&record.volume, &record.digest),
                 PutPayload::from(body),
             )
             .await
             .map_err(|e| self.backend(e))?;
-        Ok(record)
+        Ok(())
     }
 
     /// The proof in a volume record: a BLAKE3 MAC of the volume name keyed by a key derived
@@ -536,36 +557,67 @@ impl ChunkStore {
             .to_string()
     }
 
-    /// Every volume record, newest first.
+    /// Every volume record, newest first. Tombstones (removed references) are not listed.
     pub async fn list_volume_records(&self) -> Result<Vec<VolumeRecord>> {
-        self.volume_records(Prefix::Volumes.path()).await
+        let records = self.volume_records(Prefix::Volumes.path(), None).await?;
+        Ok(records
+            .into_iter()
+            .filter(|r| r.removed.is_none())
+            .collect())
     }
 
     /// The records of one volume (`ns/name`), newest first. Records that do not parse, or
-    /// that name another volume or digest than their key, are skipped.
+    /// that name another volume or digest than their key, are skipped; so are tombstones:
+    /// a deleted version is not imported again.
     pub async fn list_records_of_volume(&self, volume: &str) -> Result<Vec<VolumeRecord>> {
         validate_volume_name(volume)?;
-        let records = self.volume_records(layout::volume_prefix(volume)).await?;
-        Ok(records.into_iter().filter(|r| r.volume == volume).collect())
+        let records = self
+            .volume_records(layout::volume_prefix(volume), None)
+            .await?;
+        Ok(records
+            .into_iter()
+            .filter(|r| r.volume == volume && r.removed.is_none())
+            .collect())
+    }
+
+    /// Every record of `digest`, in any volume, tombstones included (`crate::refs`). One
+    /// listing of `volumes/`; only the records of this digest are read.
+    pub async fn list_references(&self, digest: &Digest) -> Result<Vec<VolumeRecord>> {
+        self.volume_records(Prefix::Volumes.path(), Some(digest))
+            .await
+    }
+
+    /// Every record in every volume, tombstones included (the collector's one listing).
+    pub(crate) async fn list_all_references(&self) -> Result<Vec<VolumeRecord>> {
+        self.volume_records(Prefix::Volumes.path(), None).await
     }
 
     /// Whether `record`'s proof holds: the writer had the bytes of the manifest it names.
     /// A record without a proof, or naming a manifest that is not live, does not hold.
     pub async fn verify_volume_record(&self, record: &VolumeRecord) -> Result<bool> {
-        let Some(proof) = &record.proof else {
-            return Ok(false);
-        };
         let bytes = match self.get_manifest_bytes(&record.digest).await {
             Ok(b) => b,
             Err(Error::UnknownVersion { .. }) => return Ok(false),
             Err(e) => return Err(e),
         };
-        let expected = Self::record_proof(&record.volume, &bytes);
+        Ok(Self::proof_holds(record, &bytes))
+    }
+
+    /// Whether `record`'s proof was made from `manifest_bytes` (already read, live or from
+    /// the trash). A record without a proof never holds.
+    pub fn proof_holds(record: &VolumeRecord, manifest_bytes: &[u8]) -> bool {
+        let Some(proof) = &record.proof else {
+            return false;
+        };
+        if Digest::of(manifest_bytes) != record.digest {
+            return false;
+        }
+        let expected = Self::record_proof(&record.volume, manifest_bytes);
         // Both are 64 hex characters of a MAC; compare as hashes (constant time).
-        Ok(match blake3::Hash::from_hex(proof) {
+        match blake3::Hash::from_hex(proof) {
             Ok(given) => blake3::Hash::from_hex(&expected).is_ok_and(|e| e == given),
             Err(_) => false,
-        })
+        }
     }
 
     /// Deletes the record of `digest` in `volume`; a missing one is fine.
@@ -575,10 +627,19 @@ impl ChunkStore {
             .await
     }
 
-    async fn volume_records(&self, prefix: ObjectPath) -> Result<Vec<VolumeRecord>> {
+    async fn volume_records(
+        &self,
+        prefix: ObjectPath,
+        of: Option<&Digest>,
+    ) -> Result<Vec<VolumeRecord>> {
         let metas = crate::bounded::list_capped(self, &prefix, MAX_LISTED_OBJECTS).await?;
         let mut out = Vec::new();
         for meta in metas {
+            if let Some(digest) = of
+                && layout::parse_volume_record_key(&meta.location).map(|(_, d)| d) != Some(*digest)
+            {
+                continue;
+            }
             // A record is a few hundred bytes; anything larger is not one of ours.
             if meta.size > MAX_RECORD_BYTES {
                 continue;

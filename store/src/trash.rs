@@ -14,7 +14,6 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use object_store::PutPayload;
 
 use crate::bounded::{MAX_LISTED_OBJECTS, MAX_MANIFEST_BYTES, MAX_RECORD_BYTES, list_capped};
 use crate::digest::{Digest, verify_digest};
@@ -50,6 +49,10 @@ impl TrashRecord {
 #[derive(Clone, Debug, serde::Serialize, PartialEq, Eq)]
 pub struct RestoreReport {
     pub digest: Digest,
+    /// Volumes whose removed references the restore brought back (their versions are
+    /// listed, and imported by the operator, again).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub references_restored: Vec<String>,
     /// False when the version was live already and nothing needed restoring.
     pub restored: bool,
     /// The trash record the version was restored from, if there was one.
@@ -58,62 +61,23 @@ pub struct RestoreReport {
 }
 
 /// Moves a version to the trash: it disappears from `ls`, mounts and pulls of it fail, and it
-/// stays restorable (all its chunks kept) for `retention`. Deleting a version already in the
-/// trash returns its existing record; an unknown digest is [`Error::UnknownVersion`].
+/// stays restorable (all its chunks kept) for `retention`, or longer if a volume's removed
+/// reference asked for longer. Every volume's reference to it is removed (an admin's `sealed
+/// rm`; one volume's deletion is [`crate::refs::remove_reference`]). Deleting a version
+/// already in the trash returns its existing record; an unknown digest is
+/// [`Error::UnknownVersion`]; one that a push referenced again while it was being deleted
+/// stays live and is [`Error::StillReferenced`].
 pub async fn trash_version(
     store: &ChunkStore,
     digest: &Digest,
     retention: Duration,
 ) -> Result<TrashRecord> {
-    // A retention that overflows the calendar is refused before anything is taken or moved.
-    crate::limits::later(Utc::now(), retention, "retention")?;
-    with_writer_lease(store, &format!("delete {digest}"), async |_| {
-        trash_leased(store, digest, retention).await
-    })
-    .await
-}
-
-async fn trash_leased(
-    store: &ChunkStore,
-    digest: &Digest,
-    retention: Duration,
-) -> Result<TrashRecord> {
-    let bytes = match store.get_manifest_bytes(digest).await {
-        Ok(b) => b,
-        Err(Error::UnknownVersion { .. }) => {
-            // Already trashed (idempotent), or never here.
-            if let Some(record) = read_record(store, digest).await?
-                && store.exists(&trash_manifest_key(digest)).await?
-            {
-                return Ok(record);
-            }
-            return Err(Error::UnknownVersion {
-                digest: *digest,
-                store: store.name().to_owned(),
-            });
-        }
-        Err(e) => return Err(e),
-    };
-    let now = Utc::now();
-    let record = TrashRecord {
+    let report = crate::refs::remove_all_references(store, digest, retention).await?;
+    report.trashed.ok_or_else(|| Error::StillReferenced {
         digest: *digest,
-        deleted_at: now,
-        restorable_until: crate::limits::later(now, retention, "retention")?,
-    };
-    // Copy first, record second, delete last: a crash leaves the version live, or live and
-    // in the trash, never in neither.
-    store
-        .raw()
-        .put(&trash_manifest_key(digest), PutPayload::from(bytes))
-        .await
-        .map_err(|e| store.backend(e))?;
-    store.write_json(&trash_record_key(digest), &record).await?;
-    store.sync().await?;
-    store
-        .delete_if_exists(&layout::manifest_key(digest))
-        .await?;
-    tracing::info!(%digest, restorable_until = %record.restorable_until, "version moved to trash");
-    Ok(record)
+        store: store.name().to_owned(),
+        volumes: report.still_referenced_by.join(", "),
+    })
 }
 
 /// Brings a trashed version back. A version that is live already is left alone
@@ -137,6 +101,7 @@ async fn restore_leased(
             return Ok(RestoreReport {
                 digest: *digest,
                 restored: false,
+                references_restored: Vec::new(),
                 deleted_at: None,
                 restorable_until: None,
             });
@@ -163,10 +128,13 @@ async fn restore_leased(
     // chunks the live manifest needs anyway.
     store.delete_if_exists(&trash_record_key(digest)).await?;
     store.delete_if_exists(&trash_manifest_key(digest)).await?;
-    tracing::info!(%digest, "version restored from trash");
+    // The deletion is undone: references removed within their window are references again.
+    let references_restored = crate::refs::revive_tombstones(store, digest, &bytes).await?;
+    tracing::info!(%digest, references = ?references_restored, "version restored from trash");
     Ok(RestoreReport {
         digest: *digest,
         restored: true,
+        references_restored,
         deleted_at: record.as_ref().map(|r| r.deleted_at),
         restorable_until: record.as_ref().map(|r| r.restorable_until),
     })

@@ -38,6 +38,7 @@ async fn a_pushed_record_verifies_and_a_forged_one_does_not() {
         digest: report.digest,
         pushed_at: chrono::Utc::now(),
         proof,
+        removed: None,
     };
     for record in [
         forged(None),
