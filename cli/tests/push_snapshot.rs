@@ -76,6 +76,7 @@ async fn synced(spec: &SourceSpec) -> String {
         timeout: std::time::Duration::from_secs(20),
         policy: SourcePolicy {
             allow_http: true,
+            egress: sealed_sources::Egress::allowing(&["127.0.0.0/8"]).unwrap(),
             ..Default::default()
         },
         ..Default::default()

@@ -1146,6 +1146,8 @@ async fn install(j: &Journey, operator_bin: &Path, csi_bin: &Path) -> Result<Ima
         "operator.gcInterval=0".into(),
         // moto speaks plain http on the node's IP.
         "operator.sources.allowHttp=true".into(),
+        // ... at an address the source policy refuses unless the admin allows it.
+        format!("operator.sources.allowNetworks={{{HOST_IP}/32}}"),
         "cache.size=1Gi".into(),
         format!("operator.syncJobPod.serviceAccountName={SYNC_SERVICE_ACCOUNT}"),
     ];

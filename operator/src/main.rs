@@ -18,6 +18,7 @@ use sealed_operator::{controller, metrics::Metrics};
 use sealed_service::http::{self, Switch};
 use sealed_service::store_args::StoreArgs;
 use sealed_sources::SourcePolicy;
+use sealed_sources::egress::{ALLOW_NETWORK_FLAG, CLUSTER_NETWORK_FLAG, Egress};
 use sealed_store::ChunkStore;
 
 #[derive(Parser)]
@@ -66,6 +67,25 @@ struct PolicyArgs {
         value_delimiter = ','
     )]
     ambient_credentials_sources: Vec<String>,
+    /// An address range (CIDR) sources may reach although it is loopback, link-local,
+    /// private or a cluster range (an in-cluster MinIO, a Hub mirror); repeatable, or
+    /// comma-separated in the environment
+    #[arg(
+        long = "allow-source-network",
+        value_name = "CIDR",
+        env = "SEALED_ALLOW_SOURCE_NETWORKS",
+        value_delimiter = ','
+    )]
+    allow_source_networks: Vec<String>,
+    /// The cluster's service and pod ranges (CIDR), refused to sources like the private
+    /// ranges are; repeatable, or comma-separated in the environment
+    #[arg(
+        long = "cluster-network",
+        value_name = "CIDR",
+        env = "SEALED_CLUSTER_NETWORKS",
+        value_delimiter = ','
+    )]
+    cluster_networks: Vec<String>,
 }
 
 impl PolicyArgs {
@@ -81,6 +101,12 @@ impl PolicyArgs {
                 .map(|s| s.trim().to_owned())
                 .filter(|s| !s.is_empty())
                 .collect(),
+            egress: Egress {
+                allowed: Egress::parse_networks(&self.allow_source_networks, ALLOW_NETWORK_FLAG)
+                    .map_err(anyhow::Error::msg)?,
+                cluster: Egress::parse_networks(&self.cluster_networks, CLUSTER_NETWORK_FLAG)
+                    .map_err(anyhow::Error::msg)?,
+            },
         };
         policy.validate().map_err(anyhow::Error::msg)?;
         Ok(policy)

@@ -62,6 +62,7 @@ impl Fixture {
         config.upload_poll = Duration::from_secs(1);
         // The Hub stand-in speaks plain http on loopback.
         config.source_policy.allow_http = true;
+        config.source_policy.egress = sealed_sources::Egress::allowing(&["127.0.0.0/8"]).unwrap();
         let metrics = Arc::new(Metrics::new());
         let operator = {
             let (client, store, metrics) = (client.clone(), store.clone(), metrics.clone());

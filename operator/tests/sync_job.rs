@@ -70,6 +70,8 @@ async fn sync_job_keeps_the_store_credentials_to_the_store() {
             "ml/llm",
             "--source",
             &source.to_string(),
+            // The test's servers listen on loopback: the admin allows it.
+            "--allow-source-network=127.0.0.0/8",
         ]
         .iter()
         .map(|s| s.to_string())

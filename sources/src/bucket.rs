@@ -17,8 +17,8 @@
 //!
 //! The client is built as `object_store::parse_url_opts` (0.12) builds it, with
 //! `<Builder>::new()`, not `from_env()`, so it reads no environment variables itself, and with
-//! the store's capped HTTP connector ([`sealed_store::CappedConnector`]: listing pages and
-//! error bodies bounded, as for the store); what a builder reads at `build()` when it has
+//! a guarded HTTP connector ([`GuardedConnector`]: only addresses the egress policy admits,
+//! listing pages and error bodies bounded as for the store); what a builder reads at `build()` when it has
 //! no static credentials (AWS_WEB_IDENTITY_TOKEN_FILE / AWS_ROLE_ARN, instance metadata,
 //! `~/.config/gcloud`) is what the credential checks here rule out.
 
@@ -33,15 +33,15 @@ use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
 use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreScheme};
-use sealed_store::CappedConnector;
 use sealed_store::ingest::Ingest;
 use tokio_util::io::StreamReader;
 use url::Url;
 
+use super::egress::{GuardedConnector, refused_in};
 use super::limits::ListingBudget;
 use super::{
     Access, RemoteFile, SourceCredentials, SourceError, SourceLimits, SyncOptions, SyncProgress,
-    Tap, backoff, error_chain, redact, redact_url, short,
+    Tap, backoff, error_chain, redact, redact_url, short, size_mismatch,
 };
 
 /// Environment prefixes the ambient credentials come from, for an allow-listed source only.
@@ -174,11 +174,18 @@ impl BucketSource {
         // parse_url_opts reads no environment (it starts from `<Builder>::new()`); the
         // options are all there is, besides what `build()` falls back to without static
         // credentials, which `secret_options` rules out.
-        let (store, parsed_prefix) =
-            build_source_store(&url, options).map_err(|e| SourceError::InvalidCredentials {
+        let connector = GuardedConnector {
+            egress: Arc::new(opts.policy.egress.clone()),
+            // Instance metadata (a literal link-local address) is the ambient credentials'
+            // provider; a tenant's own credentials never need it.
+            literals: access != Access::Ambient,
+        };
+        let (store, parsed_prefix) = build_source_store(&url, options, connector).map_err(|e| {
+            SourceError::InvalidCredentials {
                 url: shown.clone(),
                 detail: redact(&error_chain(&e), &secrets),
-            })?;
+            }
+        })?;
         // `scheme://bucket/prefix`: the prefix is the URL's path (object_store reads `az://`
         // as `az://account/container/...`; the rest of Sealed Volumes, like the Azure builder,
         // reads it as `az://container/prefix`). https:// URLs keep object_store's reading.
@@ -330,11 +337,12 @@ impl BucketSource {
                         detail: redact(&error_chain(&e), &self.secrets),
                     });
                 }
-                Err(sealed_store::Error::FileChanged { detail, .. }) => {
+                // The store's detail names the size that came: not the tenant's to know.
+                Err(sealed_store::Error::FileChanged { .. }) => {
                     return Err(SourceError::SourceChanged {
                         what: self.url.clone(),
                         path: file.path.clone(),
-                        detail,
+                        detail: size_mismatch(file.size),
                     });
                 }
                 Err(e) => return Err(e.into()),
@@ -344,6 +352,13 @@ impl BucketSource {
 
     /// Names what an object-store error means for the user.
     fn error(&self, e: object_store::Error, stage: Stage, path: &str) -> SourceError {
+        if let Some(refused) = refused_in(&e) {
+            return SourceError::Refused(format!(
+                "{}: {}",
+                self.url,
+                redact(&refused.to_string(), &self.secrets)
+            ));
+        }
         let detail = redact(&error_chain(&e), &self.secrets);
         let url = self.url.clone();
         let has = |words: &[&str]| words.iter().any(|w| detail.contains(w));
@@ -596,11 +611,13 @@ fn normal_etag(etag: &str) -> String {
 
 /// The client for a source URL: what `object_store::parse_url_opts` (0.12) builds — the
 /// builder's `new()` (no environment), the URL, each option the builder knows, the rest
-/// ignored — with [`CappedConnector`] under S3, GCS and Azure, so a hostile endpoint's
-/// endless listing page or error body ends with an error instead of filling memory.
+/// ignored — with [`GuardedConnector`] under S3, GCS and Azure: only addresses the egress
+/// policy admits, and a hostile endpoint's endless listing page or error body ends with an
+/// error instead of filling memory.
 fn build_source_store(
     url: &Url,
     options: BTreeMap<String, String>,
+    connector: GuardedConnector,
 ) -> object_store::Result<(Box<dyn ObjectStore>, ObjectPath)> {
     let (scheme, path) = ObjectStoreScheme::parse(url)?;
     let store: Box<dyn ObjectStore> = match scheme {
@@ -612,7 +629,7 @@ fn build_source_store(
                     Err(_) => b,
                 },
             );
-            Box::new(builder.with_http_connector(CappedConnector).build()?)
+            Box::new(builder.with_http_connector(connector).build()?)
         }
         ObjectStoreScheme::GoogleCloudStorage => {
             let builder = options.iter().fold(
@@ -622,7 +639,7 @@ fn build_source_store(
                     Err(_) => b,
                 },
             );
-            Box::new(builder.with_http_connector(CappedConnector).build()?)
+            Box::new(builder.with_http_connector(connector).build()?)
         }
         ObjectStoreScheme::MicrosoftAzure => {
             let builder = options.iter().fold(
@@ -632,7 +649,7 @@ fn build_source_store(
                     Err(_) => b,
                 },
             );
-            Box::new(builder.with_http_connector(CappedConnector).build()?)
+            Box::new(builder.with_http_connector(connector).build()?)
         }
         // file:// (and anything else the checks above let through): no HTTP.
         _ => return object_store::parse_url_opts(url, options),

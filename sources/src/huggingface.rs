@@ -34,12 +34,13 @@ use serde::Deserialize;
 use tokio_util::io::StreamReader;
 use url::Url;
 
+use super::egress::{GuardedResolver, refused_in};
 use super::limits::{
     BodyError, ListingBudget, MAX_ERROR_BODY_BYTES, MAX_METADATA_BYTES, read_capped, read_prefix,
 };
 use super::{
     RemoteFile, SourceCredentials, SourceError, SourceLimits, SyncOptions, SyncProgress, Tap,
-    backoff, error_chain, globset, redact, redact_url, short,
+    backoff, error_chain, globset, redact, redact_url, short, size_mismatch,
 };
 
 /// Redirects followed at most (reqwest's default limit).
@@ -120,16 +121,24 @@ impl HubSource {
                 "spec.source.huggingFace.revision is empty".into(),
             ));
         }
+        let egress = Arc::new(opts.policy.egress.clone());
         let http = reqwest::Client::builder()
             .connect_timeout(opts.timeout)
             .read_timeout(opts.timeout)
             .user_agent(concat!("sealed-volumes/", env!("CARGO_PKG_VERSION")))
-            .redirect(reqwest::redirect::Policy::custom(
-                |attempt| match redirect_allowed(attempt.url(), attempt.previous()) {
+            // Every name resolves only to addresses the policy admits, and every hop's
+            // literal address is checked (`crate::egress`); a proxy would connect for us.
+            .no_proxy()
+            .dns_resolver(Arc::new(GuardedResolver::new(egress.clone())))
+            .redirect(reqwest::redirect::Policy::custom(move |attempt| {
+                if let Err(why) = redirect_allowed(attempt.url(), attempt.previous()) {
+                    return attempt.error(why);
+                }
+                match egress.check_url(attempt.url()) {
                     Ok(()) => attempt.follow(),
-                    Err(why) => attempt.error(why),
-                },
-            ))
+                    Err(refused) => attempt.error(refused),
+                }
+            }))
             .build()
             .map_err(|e| SourceError::Invalid(format!("HTTP client: {e}")))?;
         Ok(HubSource {
@@ -391,11 +400,12 @@ impl HubSource {
                         detail: redact(&error_chain(&e), &self.secrets),
                     });
                 }
-                Err(sealed_store::Error::FileChanged { detail, .. }) => {
+                // The store's detail names the size that came: not the tenant's to know.
+                Err(sealed_store::Error::FileChanged { .. }) => {
                     return Err(SourceError::SourceChanged {
                         what: self.describe(),
                         path: file.path.clone(),
-                        detail,
+                        detail: size_mismatch(file.size),
                     });
                 }
                 Err(e) => return Err(e.into()),
@@ -449,6 +459,16 @@ impl HubSource {
                         return Err(self.status_error(resp, stage, what).await);
                     }
                     format!("HTTP {status}")
+                }
+                // An address the policy refuses (a name that resolves there, a redirect hop):
+                // permanent, and the tenant's to change.
+                Err(e) if refused_in(&e).is_some() => {
+                    let refused = refused_in(&e).map(|r| r.to_string()).unwrap_or_default();
+                    return Err(SourceError::Refused(format!(
+                        "{} ({what}): {}",
+                        self.describe(),
+                        redact(&refused, &self.secrets)
+                    )));
                 }
                 Err(e) if e.is_redirect() => {
                     // A refused redirect (https to http, too many): retrying cannot help.

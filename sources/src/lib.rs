@@ -19,12 +19,14 @@
 
 pub mod bucket;
 pub mod credentials;
+pub mod egress;
 pub mod huggingface;
 pub mod limits;
 pub mod policy;
 pub mod spec;
 
 pub use credentials::SourceCredentials;
+pub use egress::Egress;
 pub use limits::SourceLimits;
 pub use policy::{Access, SourcePolicy};
 pub use spec::{BucketPrefix, HubRepo, HubRepoType, SourceSpec};
@@ -545,6 +547,13 @@ pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 /// Whether an ingest failed because the stream ended short of (or past) the listed size.
 pub(crate) fn short(e: &sealed_store::Error) -> bool {
     matches!(e, sealed_store::Error::FileChanged { .. })
+}
+
+/// Why a download that ended at another size than the listing declared failed. Only the
+/// declared size, which the tenant's listing already showed: the size that came is a number
+/// the tenant did not know.
+pub(crate) fn size_mismatch(declared: u64) -> String {
+    format!("the download's size differs from the {declared} bytes the listing declared")
 }
 
 /// Exponential backoff for retry `attempt` (1-based): 200 ms, 400 ms, ... capped at 10 s.

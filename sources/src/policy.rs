@@ -19,7 +19,12 @@
 //!   (ambient) credentials only when its location is under one of the allow-listed prefixes
 //!   (`--ambient-credentials-source`); otherwise it is refused (`CredentialsRequired`). A Hub
 //!   source without a token is fine: public repositories need none.
+//! - Loopback, link-local, private, CGNAT and the cluster's own ranges (`--cluster-network`)
+//!   are never reached, checked on the resolved address of every connection and redirect
+//!   ([`crate::egress`]); an admin allows ranges with `--allow-source-network`. An endpoint
+//!   written as such an address is refused here already, before any request.
 
+use crate::egress::{ALLOW_NETWORK_FLAG, CLUSTER_NETWORK_FLAG, Egress};
 use crate::spec::{BucketPrefix, HubRepo, SourceSpec};
 use url::Url;
 
@@ -51,6 +56,8 @@ pub struct SourcePolicy {
     /// source may be read under with the process's own credentials (workload identity)
     /// when it names no Secret (`--ambient-credentials-source`).
     pub ambient_allowed: Vec<String>,
+    /// The address ranges sources may reach (`--allow-source-network`, `--cluster-network`).
+    pub egress: Egress,
 }
 
 /// With which credentials an admitted source is read.
@@ -103,6 +110,14 @@ impl SourcePolicy {
             args.push(AMBIENT_FLAG.to_owned());
             args.push(entry.clone());
         }
+        for net in &self.egress.allowed {
+            args.push(ALLOW_NETWORK_FLAG.to_owned());
+            args.push(net.to_string());
+        }
+        for net in &self.egress.cluster {
+            args.push(CLUSTER_NETWORK_FLAG.to_owned());
+            args.push(net.to_string());
+        }
         args
     }
 
@@ -133,7 +148,9 @@ impl SourcePolicy {
                 redact_url(endpoint.as_str())
             )));
         }
-        Ok(())
+        self.egress
+            .check_url(&endpoint)
+            .map_err(|e| SourceError::Refused(format!("spec.source.huggingFace.endpoint: {e}")))
     }
 
     fn check_object_store(
@@ -164,6 +181,20 @@ impl SourcePolicy {
                  credentials and data could be read or changed on the way; use https (plain \
                  http is allowed only when the operator runs with {ALLOW_HTTP_FLAG})"
             )));
+        }
+        for (field, raw) in [
+            ("url", Some(os.url.as_str())),
+            ("endpoint", os.endpoint.as_deref()),
+        ] {
+            // An http(s) URL's host (an s3:// URL's host is a bucket name).
+            if let Some(url) = raw
+                .and_then(|r| Url::parse(r).ok())
+                .filter(|u| matches!(u.scheme(), "http" | "https"))
+            {
+                self.egress.check_url(&url).map_err(|e| {
+                    SourceError::Refused(format!("spec.source.objectStore.{field}: {e}"))
+                })?;
+            }
         }
         if let Some(store) = &self.store_url {
             refuse_store(os, store)?;
@@ -695,9 +726,20 @@ mod tests {
             "Ok"
         );
 
+        // Loopback is refused by address unless the admin allows it.
+        let loopback = os("s3://models/x", Some("http://127.0.0.1:9000"));
+        let err = SourcePolicy {
+            allow_http: true,
+            ..store("s3://store")
+        }
+        .check(&loopback, true)
+        .unwrap_err();
+        assert_eq!(err.reason(), "SourceRefused");
+        assert!(err.to_string().contains(ALLOW_NETWORK_FLAG), "{err}");
         let open = SourcePolicy {
             allow_file: true,
             allow_http: true,
+            egress: Egress::allowing(&["127.0.0.0/8"]).unwrap(),
             ..store("s3://store")
         };
         assert_eq!(
@@ -841,6 +883,10 @@ mod tests {
             allow_file: true,
             allow_http: false,
             ambient_allowed: vec!["s3://a/".into(), "gs://b/c".into()],
+            egress: Egress {
+                allowed: Egress::parse_networks(&["10.1.0.0/16".into()], "f").unwrap(),
+                cluster: Egress::parse_networks(&["34.118.224.0/20".into()], "f").unwrap(),
+            },
             ..store("s3://store")
         };
         assert_eq!(
@@ -850,7 +896,11 @@ mod tests {
                 AMBIENT_FLAG,
                 "s3://a/",
                 AMBIENT_FLAG,
-                "gs://b/c"
+                "gs://b/c",
+                ALLOW_NETWORK_FLAG,
+                "10.1.0.0/16",
+                CLUSTER_NETWORK_FLAG,
+                "34.118.224.0/20"
             ]
         );
         assert!(SourcePolicy::default().to_args().is_empty());

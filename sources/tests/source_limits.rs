@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use sealed_sources::limits::{MAX_LISTING_ENTRIES, MAX_PAGE_BYTES};
 use sealed_sources::{
-    BucketPrefix, HubRepo, HubRepoType, NoSyncProgress, SourceCredentials, SourceError,
+    BucketPrefix, Egress, HubRepo, HubRepoType, NoSyncProgress, SourceCredentials, SourceError,
     SourceLimits, SourcePolicy, SourceSpec, SyncOptions, sync_source,
 };
 use sealed_store::ChunkStore;
@@ -204,6 +204,7 @@ fn opts() -> SyncOptions {
         policy: SourcePolicy {
             allow_http: true,
             allow_file: true,
+            egress: Egress::allowing(&["127.0.0.0/8"]).unwrap(),
             ..Default::default()
         },
         ..Default::default()

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, PutPayload};
 use sealed_sources::{
-    BucketPrefix, HubRepo, HubRepoType, NoSyncProgress, SourceCredentials, SourceError,
+    BucketPrefix, Egress, HubRepo, HubRepoType, NoSyncProgress, SourceCredentials, SourceError,
     SourcePolicy, SourceSpec, SyncOptions, SyncOutcome, SyncProgress, resolve_revision,
     sync_source,
 };
@@ -92,11 +92,13 @@ fn hf(endpoint: &str, repo: &str, revision: &str) -> HubRepo {
     }
 }
 
-/// The loopback test servers speak plain http, and some sources are directories.
+/// The loopback test servers speak plain http, and some sources are directories; an admin
+/// allows loopback.
 fn test_policy() -> SourcePolicy {
     SourcePolicy {
         allow_file: true,
         allow_http: true,
+        egress: Egress::allowing(&["127.0.0.0/8", "::1/128"]).unwrap(),
         ..Default::default()
     }
 }
