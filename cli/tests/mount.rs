@@ -231,3 +231,92 @@ fn an_unmount_by_someone_else_keeps_the_profile_and_the_hydrated_file() {
         hydrated.display()
     );
 }
+
+/// Every path under `dir` (not `dir` itself) with its mode bits.
+fn modes_under(dir: &Path) -> Vec<(std::path::PathBuf, u32)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let Ok(meta) = e.metadata() else { continue };
+            out.push((e.path(), meta.permissions().mode() & 0o7777));
+            if meta.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_disk_cache_is_private_and_an_existing_one_is_tightened() {
+    if !can_mount() {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let work = tempfile::tempdir().unwrap();
+    let store = work.path().join("store");
+    std::fs::create_dir(&store).unwrap();
+    let src = work.path().join("model");
+    std::fs::create_dir(&src).unwrap();
+    let weights: Vec<u8> = (0..(3u32 << 20))
+        .map(|i| (i.wrapping_mul(2654435761) >> 9) as u8)
+        .collect();
+    std::fs::write(src.join("model.safetensors"), &weights).unwrap();
+    std::fs::write(src.join("config.json"), b"{}").unwrap();
+    let sealed = || {
+        let mut c = Command::cargo_bin("sealed").unwrap();
+        c.env("SEALED_STORE", format!("file://{}", store.display()));
+        c
+    };
+    let out = sealed().arg("push").arg(&src).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let digest = String::from_utf8(out.stdout).unwrap().trim().to_string();
+
+    // A cache directory an earlier version made world-readable.
+    let cache = work.path().join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mnt = work.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let out = sealed()
+        .args(["mount", &digest])
+        .arg(&mnt)
+        .args(["--background", "--cache-dir"])
+        .arg(&cache)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let read_back = std::fs::read(mnt.join("model.safetensors"));
+    let config = std::fs::read(mnt.join("config.json"));
+    let out = sealed().arg("umount").arg(&mnt).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(read_back.unwrap() == weights);
+    assert_eq!(config.unwrap(), b"{}");
+
+    let mode = std::fs::metadata(&cache).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o700, "the cache directory is {mode:o}");
+    let entries = modes_under(&cache);
+    assert!(
+        entries.iter().any(|(p, _)| p.is_file()),
+        "nothing was cached: {entries:?}"
+    );
+    for (path, mode) in entries {
+        let want = if path.is_dir() { 0o700 } else { 0o600 };
+        assert_eq!(mode, want, "{} is {mode:o}", path.display());
+    }
+}

@@ -295,6 +295,42 @@ const PLAIN: &[Plain] = &[
         |s| s.hydration_failures,
     ),
     (
+        "sealed_cache_files_verified_total",
+        "Whole-file copies found in the disk cache that this process checked and found right (then served by passthrough)",
+        Kind::Counter,
+        |s| s.files_verified,
+    ),
+    (
+        "sealed_cache_verified_bytes_total",
+        "Bytes of whole-file copies in the disk cache checked by this process",
+        Kind::Counter,
+        |s| s.verified_bytes,
+    ),
+    (
+        "sealed_unverified_opens_total",
+        "Opens daemon-served because their disk cache copy was not checked in time",
+        Kind::Counter,
+        |s| s.unverified_opens,
+    ),
+    (
+        "sealed_cache_scrubbed_files_total",
+        "Disk cache entries hashed again by the background scrub",
+        Kind::Counter,
+        |s| s.scrub_files,
+    ),
+    (
+        "sealed_cache_scrubbed_bytes_total",
+        "Bytes hashed again by the background scrub of the disk cache",
+        Kind::Counter,
+        |s| s.scrub_bytes,
+    ),
+    (
+        "sealed_cache_scrub_failures_total",
+        "Disk cache entries the scrub found damaged (dropped and fetched again)",
+        Kind::Counter,
+        |s| s.scrub_failures,
+    ),
+    (
         "sealed_model_prefetch_files_total",
         "Model files (safetensors, GGUF) whose tensors the model-aware prefetch fetched",
         Kind::Counter,

@@ -83,6 +83,10 @@ pub enum FsError {
     /// kernel remembers, so it stops asking for the life of the mount.
     #[error("operation not supported")]
     NotSupported,
+    /// The file is open by passthrough on a cache copy found damaged since: the kernel would
+    /// serve a new open from it too (one backing file per inode) until its handles close.
+    #[error("the cache copy this file is open on was found damaged; reopen once its handles close")]
+    DamagedBacking,
     #[error(transparent)]
     Fetch(#[from] FetchError),
 }
@@ -98,7 +102,7 @@ impl FsError {
             FsError::ReadOnly => libc::EROFS,
             FsError::BadHandle(_) => libc::EBADF,
             FsError::NotSupported => libc::ENOSYS,
-            FsError::Fetch(_) => libc::EIO,
+            FsError::DamagedBacking | FsError::Fetch(_) => libc::EIO,
         }
     }
 }

@@ -31,6 +31,7 @@ use crate::link::{Link, Links};
 use crate::metrics::{MountMetrics, Tier};
 use crate::peer::{PeerAnswer, PeerTier, Route};
 use crate::readahead::ReadaheadBudget;
+use crate::verify::{Integrity, ScrubOptions};
 
 /// How long to wait for the object store, and how often to try.
 #[derive(Clone, Copy, Debug)]
@@ -108,6 +109,8 @@ pub struct NodeCacheOptions {
     /// Bound on readahead bytes being fetched at once, for the node (`--prefetch-memory`).
     pub readahead_bytes: u64,
     pub fetch: FetchPolicy,
+    /// The background scrub of the disk cache (`crate::verify`); off by default.
+    pub scrub: ScrubOptions,
 }
 
 impl Default for NodeCacheOptions {
@@ -118,6 +121,7 @@ impl Default for NodeCacheOptions {
             memory_bytes: 256 << 20,
             readahead_bytes: 256 << 20,
             fetch: FetchPolicy::default(),
+            scrub: ScrubOptions::off(),
         }
     }
 }
@@ -145,6 +149,17 @@ struct Inner {
     readahead_ceiling: Option<u64>,
     /// Each store link's bandwidth-delay product, from the fetches above (`crate::link`).
     links: Links,
+    /// Checks of the disk tier's whole-file copies (`crate::verify`).
+    integrity: Integrity,
+}
+
+/// A [`NodeCache`] that does not keep it alive (the scrub's).
+pub(crate) struct WeakNodeCache(std::sync::Weak<Inner>);
+
+impl WeakNodeCache {
+    pub(crate) fn upgrade(&self) -> Option<NodeCache> {
+        self.0.upgrade().map(|inner| NodeCache { inner })
+    }
 }
 
 /// A background assembly in progress; see [`NodeCache::background_assembly`].
@@ -174,7 +189,7 @@ impl NodeCache {
             Some(dir) => Some(DiskCache::open(dir, options.disk_bytes, metrics.clone())?),
             None => None,
         };
-        Ok(NodeCache {
+        let cache = NodeCache {
             inner: Arc::new(Inner {
                 memory: MemoryCache::new(options.memory_bytes, metrics.clone()),
                 disk,
@@ -194,8 +209,19 @@ impl NodeCache {
                     .is_none()
                     .then(|| (options.memory_bytes / 4).min(options.readahead_bytes / 2)),
                 links: Links::default(),
+                integrity: Integrity::default(),
             }),
-        })
+        };
+        crate::verify::start_scrub(&cache, options.scrub);
+        Ok(cache)
+    }
+
+    pub(crate) fn integrity(&self) -> &Integrity {
+        &self.inner.integrity
+    }
+
+    pub(crate) fn downgrade(&self) -> WeakNodeCache {
+        WeakNodeCache(Arc::downgrade(&self.inner))
     }
 
     pub fn metrics(&self) -> &Arc<MountMetrics> {

@@ -339,17 +339,16 @@ impl SealedFs {
         }
     }
 
-    /// True if file `ino` has a complete, verified copy in the node disk cache.
+    /// True if file `ino` has a complete copy in the node disk cache (verified by this
+    /// process or not: `crate::verify`).
     pub fn is_hydrated(&self, ino: u64) -> bool {
         self.file_entry(ino)
             .is_some_and(|f| crate::hydrate::is_hydrated(&self.cache, f))
     }
 
-    /// The complete copy of file `ino` on disk and its cache key, if it is hydrated.
-    pub(crate) fn hydrated_copy(
-        &self,
-        ino: u64,
-    ) -> Option<(std::path::PathBuf, crate::cache::Key)> {
+    /// The complete copy of file `ino` on disk, if it is hydrated; passthrough serves it
+    /// only once `verified`.
+    pub(crate) fn hydrated_copy(&self, ino: u64) -> Option<crate::cache::WholeFile> {
         let file = self.file_entry(ino)?;
         if file.size == 0 {
             return None;

@@ -154,7 +154,7 @@ async fn write_file(
     file: &FileEntry,
     tmp: &std::path::Path,
 ) -> Result<(), HydrateError> {
-    let out = std::fs::File::create(tmp)?;
+    let out = crate::cache::create_private(tmp)?;
     // Sparse until written: the space is reserved in the cache's bound already.
     out.set_len(file.size)?;
     let out = Arc::new(out);

@@ -39,6 +39,7 @@ pub mod reattach;
 pub mod session;
 pub mod size;
 pub mod tree;
+mod verify;
 
 pub use error::{FetchError, FsError, MountError};
 pub use fetch::{FetchPolicy, NodeCache, NodeCacheOptions};
@@ -51,3 +52,4 @@ pub use readahead::ReadaheadPolicy;
 pub use session::{MountHandle, MountOptions, unmount};
 pub use size::parse_size;
 pub use tree::{Attr, DirEntry, NodeType, Tree};
+pub use verify::ScrubOptions;

@@ -123,6 +123,11 @@ impl<K: Copy + Eq + Hash, V> LruIndex<K, V> {
         Some(slot.value)
     }
 
+    /// Every key, least recently used first.
+    pub fn keys(&self) -> Vec<K> {
+        self.order.values().copied().collect()
+    }
+
     pub fn bytes(&self) -> u64 {
         self.bytes
     }

@@ -69,6 +69,20 @@ pub struct MountMetrics {
     /// that failed (a chunk failed or the whole-file BLAKE3 did not match: nothing kept).
     pub files_hydrated: AtomicU64,
     pub hydration_failures: AtomicU64,
+    /// Whole-file copies found on disk (hydrated files, single-chunk files' chunk files) that
+    /// this process hashed and found right, their bytes, and the wall time of those checks
+    /// (`crate::verify`); a copy found wrong counts in `verification_failures`.
+    pub files_verified: AtomicU64,
+    pub verified_bytes: AtomicU64,
+    pub verify_micros: AtomicU64,
+    /// Opens of a file whose copy on disk was not verified in time (`verify::OPEN_WAIT`):
+    /// served by the daemon, chunk by chunk, instead of by passthrough.
+    pub unverified_opens: AtomicU64,
+    /// The background scrub of the disk cache: entries hashed again, their bytes, and those
+    /// found damaged (dropped and fetched again; also in `verification_failures`).
+    pub scrub_files: AtomicU64,
+    pub scrub_bytes: AtomicU64,
+    pub scrub_failures: AtomicU64,
     /// Chunks the model-aware prefetch fetched ahead of readers (chunks already local or in
     /// flight are not counted).
     pub model_prefetch_chunks: AtomicU64,
@@ -204,6 +218,13 @@ pub struct MetricsSnapshot {
     pub passthrough_fallbacks: u64,
     pub files_hydrated: u64,
     pub hydration_failures: u64,
+    pub files_verified: u64,
+    pub verified_bytes: u64,
+    pub verify_micros: u64,
+    pub unverified_opens: u64,
+    pub scrub_files: u64,
+    pub scrub_bytes: u64,
+    pub scrub_failures: u64,
     pub model_prefetch_chunks: u64,
     pub model_prefetch_files: u64,
     pub model_header_failures: u64,
@@ -269,6 +290,13 @@ impl MountMetrics {
             passthrough_fallbacks: g(&self.passthrough_fallbacks),
             files_hydrated: g(&self.files_hydrated),
             hydration_failures: g(&self.hydration_failures),
+            files_verified: g(&self.files_verified),
+            verified_bytes: g(&self.verified_bytes),
+            verify_micros: g(&self.verify_micros),
+            unverified_opens: g(&self.unverified_opens),
+            scrub_files: g(&self.scrub_files),
+            scrub_bytes: g(&self.scrub_bytes),
+            scrub_failures: g(&self.scrub_failures),
             model_prefetch_chunks: g(&self.model_prefetch_chunks),
             model_prefetch_files: g(&self.model_prefetch_files),
             model_header_failures: g(&self.model_header_failures),

@@ -15,6 +15,13 @@
 //! inodes keep their mode and backing id while it serves, for the previous process's handles
 //! may still be open. With no record to inherit, a resumed process serves every read itself.
 //!
+//! Only a copy this process verified is registered (`crate::verify`): an open of a copy found
+//! on disk and not yet checked waits for its check (at most `verify::OPEN_WAIT`, and only
+//! while a FUSE worker stays free for other requests), and is daemon-served if the check is
+//! not done by then or failed. An inode whose backing copy was dropped as damaged since it
+//! was registered fails new opens with EIO until its last handle closes: the kernel would
+//! serve them from the damaged file, and offers no way to swap it under open handles.
+//!
 //! While a backing file is registered its cache entry is pinned, so eviction never takes
 //! it from under an open handle. Where passthrough is unavailable (the kernel did not offer
 //! `FUSE_PASSTHROUGH`, the daemon lacks CAP_SYS_ADMIN, the backing file is refused), opens
@@ -22,12 +29,14 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use fuser::{BackingId, FileHandle, FopenFlags, ReplyOpen};
 use parking_lot::Mutex;
 
 use crate::cache::Key;
+use crate::error::FsError;
 use crate::fs::SealedFs;
 use crate::io_modes::{IoModeRecord, Recorded};
 use crate::metrics::MountMetrics;
@@ -44,6 +53,9 @@ enum InodeIo {
         backing: Option<BackingId>,
         /// The cache entry pinned while the backing file is registered.
         key: Option<Key>,
+        /// The backing file's inode: new opens are refused once the cache no longer holds
+        /// it (dropped as damaged, or replaced by a copy fetched again).
+        backing_ino: Option<u64>,
         /// Kept open with the registration (the kernel holds its own reference too).
         _file: Option<File>,
         opens: u32,
@@ -70,6 +82,10 @@ pub(crate) struct Passthrough {
     /// Where a restartable mount records its inodes' modes.
     record: Option<IoModeRecord>,
     warned: AtomicBool,
+    /// Opens waiting for the check of their copy now, and how many may (FUSE workers are
+    /// blocked meanwhile: one is always left for other requests).
+    waiting: AtomicUsize,
+    max_waiting: AtomicUsize,
 }
 
 impl Passthrough {
@@ -80,6 +96,37 @@ impl Passthrough {
             handles: Mutex::new(HashMap::new()),
             record,
             warned: AtomicBool::new(false),
+            waiting: AtomicUsize::new(0),
+            max_waiting: AtomicUsize::new(0),
+        }
+    }
+
+    /// Opens may block this many FUSE worker threads while they wait for a copy's check.
+    pub fn set_max_waiting(&self, n: usize) {
+        self.max_waiting.store(n, Ordering::Relaxed);
+    }
+
+    /// Before an open of `ino` that sets the inode's mode: if its file has a copy on disk
+    /// this process has not verified, starts (or joins) its check and waits for it, bounded.
+    fn await_check(&self, fs: &SealedFs, ino: u64) {
+        let Some(copy) = fs.hydrated_copy(ino) else {
+            return;
+        };
+        if copy.verified {
+            return;
+        }
+        let cache = fs.cache();
+        let check = cache.integrity().verify(cache, copy.key);
+        let max = self.max_waiting.load(Ordering::Relaxed);
+        let waited = if self.waiting.fetch_add(1, Ordering::AcqRel) < max {
+            check.wait(Some(crate::verify::OPEN_WAIT))
+        } else {
+            None
+        };
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        if waited.is_none() {
+            // Served by the daemon, every chunk verified; later opens find the check done.
+            MountMetrics::inc(&fs.metrics().unverified_opens);
         }
     }
 
@@ -136,14 +183,21 @@ impl Passthrough {
                     inherited: true,
                 },
                 Recorded::Passthrough(id) => {
-                    let key = fs.hydrated_copy(ino).map(|(_, key)| key);
-                    if let (Some(key), Some(disk)) = (key, fs.cache().disk()) {
-                        disk.pin(key);
+                    // The previous server verified what it registered; this one checks the
+                    // copy too (the mount's walker), and refuses new opens if it is dropped.
+                    let copy = fs.hydrated_copy(ino);
+                    if let (Some(copy), Some(disk)) = (&copy, fs.cache().disk()) {
+                        disk.pin(copy.key);
                     }
+                    let backing_ino = copy
+                        .as_ref()
+                        .and_then(|c| std::fs::metadata(&c.path).ok())
+                        .map(|m| m.ino());
                     InodeIo::Passthrough {
                         id,
                         backing: None,
-                        key,
+                        key: copy.map(|c| c.key),
+                        backing_ino,
                         _file: None,
                         opens: 0,
                         inherited: true,
@@ -178,7 +232,32 @@ impl Passthrough {
         // The kernel refuses (EIO) a passthrough open with any flag outside
         // FOPEN_PASSTHROUGH_MASK, KEEP_CACHE included: the page cache is the backing file's.
         let passthrough = FopenFlags::empty();
+        // Waits, if it must, before the inode's mode is looked at: not under the lock.
+        if self.wanted() && !self.inodes.lock().contains_key(&ino) {
+            self.await_check(fs, ino);
+        }
         let mut inodes = self.inodes.lock();
+        match inodes.get_mut(&ino) {
+            Some(InodeIo::Passthrough {
+                key: Some(key),
+                backing_ino: Some(backing_ino),
+                ..
+            }) if !fs
+                .cache()
+                .disk()
+                .is_some_and(|d| d.still_holds(key, *backing_ino)) =>
+            {
+                tracing::error!(
+                    ino,
+                    "the cache copy this file is open on by passthrough was dropped as damaged: \
+                     new opens fail until its open handles close"
+                );
+                drop(inodes);
+                fs.release(fh);
+                return reply.error(fuser::Errno::from_i32(FsError::DamagedBacking.errno()));
+            }
+            _ => {}
+        }
         self.handles.lock().insert(fh, ino);
         match inodes.get_mut(&ino) {
             Some(InodeIo::Passthrough {
@@ -198,7 +277,8 @@ impl Passthrough {
             }
             None => {}
         }
-        if let Some((path, key)) = fs.hydrated_copy(ino) {
+        if let Some(copy) = fs.hydrated_copy(ino).filter(|c| c.verified) {
+            let (path, key) = (copy.path, copy.key);
             if !self.wanted() {
                 MountMetrics::inc(&fs.metrics().passthrough_fallbacks);
             } else if let Some(disk) = fs.cache().disk() {
@@ -207,11 +287,17 @@ impl Passthrough {
                 disk.pin(key);
                 let registered = fs
                     .hydrated_copy(ino)
+                    .filter(|c| c.verified && c.key == key)
                     .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound))
                     .and_then(|_| File::open(&path))
-                    .and_then(|file| reply.open_backing(&file).map(|backing| (file, backing)));
+                    .and_then(|file| Ok((file.metadata()?.ino(), file)))
+                    .and_then(|(ino, file)| {
+                        reply
+                            .open_backing(&file)
+                            .map(|backing| (file, backing, ino))
+                    });
                 match registered {
-                    Ok((file, backing)) => {
+                    Ok((file, backing, backing_ino)) => {
                         MountMetrics::inc(&fs.metrics().passthrough_opens);
                         // fuser shows the raw id only by giving up ownership; take it back.
                         let id = backing.into_raw();
@@ -223,6 +309,7 @@ impl Passthrough {
                                 id,
                                 backing: Some(backing),
                                 key: Some(key),
+                                backing_ino: Some(backing_ino),
                                 _file: Some(file),
                                 opens: 1,
                                 inherited: false,

@@ -451,12 +451,22 @@ fn prepare(
     let fs =
         Arc::new(SealedFs::new(digest, tree, store, cache, options.readahead).with_limits(limits));
     fs.set_model_prefetch(options.prefetch.model());
+    // A damaged copy of one of its files is fetched again for this mount (`crate::verify`).
+    fs.cache()
+        .integrity()
+        .add_mount(&fs, tokio::runtime::Handle::current());
+    if options.passthrough {
+        // Copies found on disk are checked before a loader opens them, in its order.
+        crate::verify::walk_mount(&fs);
+    }
     let adapter = FuseAdapter::with_passthrough(
         fs.clone(),
         tokio::runtime::Handle::current(),
         options.passthrough,
         options.io_mode_record.as_deref(),
     );
+    // An open waiting for a copy's check blocks its worker: one is left for the rest.
+    adapter.set_open_waiters(options.threads.saturating_sub(1));
 
     let mut config = Config::default();
     config.mount_options = vec![

@@ -11,7 +11,7 @@ use clap::Args;
 use sealed_mount::parse_size;
 use sealed_mount::{
     FetchPolicy, MountHandle, MountOptions, NodeCache, NodeCacheOptions, PrefetchSelection,
-    ReadaheadPolicy,
+    ReadaheadPolicy, ScrubOptions,
 };
 
 use crate::context::Context;
@@ -34,6 +34,11 @@ pub struct MountArgs {
     /// Keep chunks in memory only (no disk cache)
     #[arg(long)]
     pub no_disk_cache: bool,
+    /// Background scrub of the disk cache, in MiB per second: every cached file and chunk is
+    /// hashed again (a pass at most every 10 minutes, reading around the page cache), and one
+    /// that no longer matches its digest is dropped and fetched again. 0 turns it off
+    #[arg(long, default_value_t = ScrubOptions::DEFAULT_MIB_PER_SECOND, env = "SEALED_SCRUB_RATE")]
+    pub scrub_rate: u64,
     /// Bound on recently read and prefetched chunks held in memory
     #[arg(long, default_value = "256Mi", value_parser = parse_size)]
     pub memory: u64,
@@ -158,6 +163,40 @@ fn default_cache_dir() -> PathBuf {
     base.join("sealed-volumes")
 }
 
+/// The disk cache holds the bytes of every version mounted here: its directory is made 0700
+/// (the cache writes its files 0600), and an existing one this user owns is tightened to it.
+fn private_cache_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("cannot create the cache directory {}", dir.display()))?;
+    let meta = std::fs::metadata(dir)
+        .with_context(|| format!("cannot read the cache directory {}", dir.display()))?;
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o077 == 0 {
+        return Ok(());
+    }
+    let me = std::fs::metadata("/proc/self").map(|m| m.uid()).ok();
+    if me != Some(meta.uid()) {
+        // Not ours to change: say so, the bytes in it are readable by others.
+        tracing::warn!(dir = %dir.display(), mode = format!("{mode:o}"),
+            "the cache directory is readable by other users and not ours to tighten");
+        return Ok(());
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode & 0o700)).with_context(
+        || {
+            format!(
+                "cannot make the cache directory {} private (0700)",
+                dir.display()
+            )
+        },
+    )?;
+    tracing::info!(dir = %dir.display(), was = format!("{mode:o}"), "cache directory made private (0700)");
+    Ok(())
+}
+
 fn is_root() -> bool {
     std::fs::metadata("/proc/self")
         .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
@@ -197,12 +236,16 @@ async fn serve(ctx: &Context, args: MountArgs) -> anyhow::Result<ExitCode> {
         (None, false) if ctx.store_url.starts_with("file://") => None,
         (None, false) => Some(default_cache_dir()),
     };
+    if let Some(dir) = &cache_dir {
+        private_cache_dir(dir)?;
+    }
     let cache = NodeCache::new(&NodeCacheOptions {
         disk_dir: cache_dir.clone(),
         disk_bytes: args.cache_size,
         memory_bytes: args.memory,
         readahead_bytes: args.prefetch_memory,
         fetch: FetchPolicy::for_store(&ctx.store_options),
+        scrub: ScrubOptions::at_mib_per_second(args.scrub_rate),
     })?;
     let options = MountOptions {
         readahead: ReadaheadPolicy {

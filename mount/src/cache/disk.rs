@@ -20,13 +20,19 @@
 //! its last use, so the LRU order survives a restart. Every chunk read is verified again: a
 //! chunk damaged on disk is deleted and refetched, never served.
 //!
+//! What the kernel serves without the daemon (a whole file's copy, by FUSE passthrough) must
+//! be trusted as a whole: an entry is *verified* once this process wrote it from verified
+//! bytes or hashed it against its name ([`DiskCache::check`]). Entries found on disk at
+//! [`DiskCache::open`] are not, until then (`crate::verify`). Directories are 0700 and files
+//! 0600: the cache holds the bytes of every version the node mounted.
+//!
 //! Several processes may share a directory; each keeps its own index, so the bound then holds
 //! per process. The CSI node plugin runs every mount in one process.
 
 use std::collections::HashMap;
 use std::fs;
 use std::io::{ErrorKind, Write};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -48,12 +54,57 @@ pub enum Key {
 }
 
 /// An entry of the index. A file is `ready` once assembled, verified and renamed into place;
-/// before that its bytes are reserved but nothing is served from it.
+/// before that its bytes are reserved but nothing is served from it. `verified`: this process
+/// wrote the entry from verified bytes, or hashed it since and it matched its name.
 #[derive(Clone, Copy, Debug)]
 enum Held {
-    Chunk,
-    File { ready: bool },
+    Chunk { verified: bool },
+    File { ready: bool, verified: bool },
 }
+
+impl Held {
+    fn verified(&self) -> bool {
+        match self {
+            Held::Chunk { verified } => *verified,
+            Held::File { ready, verified } => *ready && *verified,
+        }
+    }
+}
+
+/// A complete copy of one file on disk: its assembled file, or its only chunk's file.
+#[derive(Clone, Debug)]
+pub struct WholeFile {
+    pub path: PathBuf,
+    /// The entry to pin while the copy is in use.
+    pub key: Key,
+    /// Checked by this process; only such a copy may be served without the daemon.
+    pub verified: bool,
+}
+
+/// What [`DiskCache::check`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Checked {
+    /// The bytes match the entry's name (this many); the entry is verified now.
+    Good(u64),
+    /// They do not, or cannot be read: the entry was dropped and counted.
+    Bad,
+    /// Not in the cache (evicted, or being written).
+    Gone,
+}
+
+/// How [`DiskCache::check`] reads: as fast as the machine allows (every core, through the
+/// page cache, which the reader about to open the file then uses), or paced for the
+/// background scrub (one thread, around the page cache, `pace(bytes)` after every block).
+pub enum Hashing<'a> {
+    Fast,
+    Paced(&'a mut dyn FnMut(u64)),
+}
+
+/// The scrub's read size, and the alignment `O_DIRECT` needs.
+const SCRUB_BLOCK: usize = 1 << 20;
+const DIRECT_ALIGN: usize = 4096;
+/// Below this a copy is read, not mapped (and a mapping of an empty file fails).
+const FAST_MIN_MAP: u64 = 1 << 20;
 
 /// Where a chunk held inside an assembled file is.
 #[derive(Clone, Copy, Debug)]
@@ -93,13 +144,13 @@ impl DiskCache {
         let tmp = dir.join("tmp");
         for sub in ["chunks", "files"] {
             let path = dir.join(sub);
-            fs::create_dir_all(&path).map_err(|e| err(&path, e))?;
+            private_dir(&path).map_err(|e| err(&path, e))?;
         }
         // Leftovers of writes a crash interrupted.
         if tmp.exists() {
             fs::remove_dir_all(&tmp).map_err(|e| err(&tmp, e))?;
         }
-        fs::create_dir_all(&tmp).map_err(|e| err(&tmp, e))?;
+        private_dir(&tmp).map_err(|e| err(&tmp, e))?;
 
         let mut found: Vec<(SystemTime, Key, u64)> = Vec::new();
         for (sub, key) in [
@@ -140,9 +191,13 @@ impl DiskCache {
             pins: Mutex::new(HashMap::new()),
         };
         for (_, key, len) in found {
+            // Found, not verified: nothing is served from them as a whole until checked.
             let held = match key {
-                Key::Chunk(_) => Held::Chunk,
-                Key::File(_) => Held::File { ready: true },
+                Key::Chunk(_) => Held::Chunk { verified: false },
+                Key::File(_) => Held::File {
+                    ready: true,
+                    verified: false,
+                },
             };
             let outcome = cache.index.lock().insert(key, held, len);
             match outcome {
@@ -226,11 +281,11 @@ impl DiskCache {
     fn write(&self, digest: &Digest, data: &[u8]) -> std::io::Result<()> {
         let tmp = self.tmp_path(digest);
         let result = (|| {
-            let mut file = fs::File::create(&tmp)?;
+            let mut file = create_private(&tmp)?;
             file.write_all(data)?;
             let path = self.chunk_path(digest);
             if let Some(shard) = path.parent() {
-                fs::create_dir_all(shard)?;
+                private_dir(shard)?;
             }
             fs::rename(&tmp, &path)
         })();
@@ -265,7 +320,14 @@ impl DiskCache {
             self.publish();
             return None;
         }
-        self.index.lock().get(&Key::Chunk(*digest));
+        {
+            let mut index = self.index.lock();
+            index.get(&Key::Chunk(*digest));
+            // Hashed just now: its file may serve a single-chunk file as a whole.
+            if let Some(Held::Chunk { verified }) = index.peek_mut(&Key::Chunk(*digest)) {
+                *verified = true;
+            }
+        }
         touch(&path);
         Some(Bytes::from(data))
     }
@@ -276,7 +338,7 @@ impl DiskCache {
         let key = Key::File(at.file);
         if !matches!(
             self.index.lock().get(&key),
-            Some(Held::File { ready: true })
+            Some(Held::File { ready: true, .. })
         ) {
             return None;
         }
@@ -297,7 +359,14 @@ impl DiskCache {
     }
 
     fn remove_file_entry(&self, file: &Digest) {
-        self.index.lock().remove(&Key::File(*file));
+        {
+            // A reservation (not ready) is an assembly of it started since, by the refetch
+            // of this very damage: it stays.
+            let mut index = self.index.lock();
+            if let Some(Held::File { ready: true, .. }) = index.peek(&Key::File(*file)) {
+                index.remove(&Key::File(*file));
+            }
+        }
         self.located.lock().retain(|_, at| at.file != *file);
         let _ = fs::remove_file(self.file_path(file));
         self.publish();
@@ -309,7 +378,11 @@ impl DiskCache {
         if self.located.lock().contains_key(digest) {
             return;
         }
-        match self.reserve(Key::Chunk(*digest), Held::Chunk, data.len() as u64) {
+        match self.reserve(
+            Key::Chunk(*digest),
+            Held::Chunk { verified: true },
+            data.len() as u64,
+        ) {
             Ok(true) => {}
             Ok(false) | Err(()) => return,
         }
@@ -330,25 +403,109 @@ impl DiskCache {
         };
         matches!(
             self.index.lock().peek(&Key::File(at.file)),
-            Some(Held::File { ready: true })
+            Some(Held::File { ready: true, .. })
         )
     }
 
-    /// The path of a complete copy of `file` on disk and the key to pin while it is used:
-    /// its assembled file, or for a file of one chunk, that chunk's file (the same bytes).
-    pub fn whole_file(&self, file: &FileEntry) -> Option<(PathBuf, Key)> {
+    /// A complete copy of `file` on disk, verified by this process or not: its assembled
+    /// file, or for a file of one chunk, that chunk's file (the same bytes).
+    pub fn whole_file(&self, file: &FileEntry) -> Option<WholeFile> {
+        let key = self.whole_file_key(file)?;
+        let verified = self.index.lock().peek(&key)?.verified();
+        Some(WholeFile {
+            path: self.path(&key),
+            key,
+            verified,
+        })
+    }
+
+    /// The entry that holds a complete copy of `file`, if there is one.
+    fn whole_file_key(&self, file: &FileEntry) -> Option<Key> {
         let index = self.index.lock();
-        if let Some(Held::File { ready: true }) = index.peek(&Key::File(file.blake3)) {
-            return Some((self.file_path(&file.blake3), Key::File(file.blake3)));
+        if let Some(Held::File { ready: true, .. }) = index.peek(&Key::File(file.blake3)) {
+            return Some(Key::File(file.blake3));
         }
         match file.chunks.as_slice() {
             [only] if only.digest == file.blake3 && u64::from(only.len) == file.size => {
                 let key = Key::Chunk(only.digest);
-                index
-                    .contains(&key)
-                    .then(|| (self.chunk_path(&only.digest), key))
+                index.contains(&key).then_some(key)
             }
             _ => None,
+        }
+    }
+
+    /// True if this process verified the entry `key`.
+    pub fn is_verified(&self, key: &Key) -> bool {
+        self.index.lock().peek(key).is_some_and(Held::verified)
+    }
+
+    /// True if the copy a passthrough open registered (inode `ino` of `key`'s path) is still
+    /// the cache's: not dropped as damaged since, nor replaced by a new copy.
+    pub fn still_holds(&self, key: &Key, ino: u64) -> bool {
+        let held = self.index.lock().contains(key);
+        held && fs::metadata(self.path(key)).is_ok_and(|m| m.ino() == ino)
+    }
+
+    /// Every entry held now (what a scrub pass walks), least recently used first.
+    pub fn keys(&self) -> Vec<Key> {
+        self.index.lock().keys()
+    }
+
+    /// Hashes the entry `key` and compares the digest with its name. A match marks it
+    /// verified; a mismatch (or a read error: a failing disk) drops it, counted in
+    /// `verification_failures`. Blocking I/O, as long as reading the whole entry takes.
+    pub fn check(&self, key: Key, hashing: Hashing) -> Checked {
+        let ready = match self.index.lock().peek(&key) {
+            Some(Held::File { ready, .. }) => *ready,
+            Some(Held::Chunk { .. }) => true,
+            None => false,
+        };
+        if !ready {
+            return Checked::Gone;
+        }
+        let path = self.path(&key);
+        let hashed = match hashing {
+            Hashing::Fast => hash_fast(&path),
+            Hashing::Paced(pace) => hash_paced(&path, pace),
+        };
+        let (actual, bytes) = match hashed {
+            Ok(hashed) => hashed,
+            // Evicted meanwhile, or a chunk reserved and not yet written.
+            Err(e) if e.kind() == ErrorKind::NotFound => return Checked::Gone,
+            Err(e) => {
+                tracing::error!(path = %path.display(), error = %e, "cannot read a disk cache entry: dropping it");
+                self.discard(key);
+                return Checked::Bad;
+            }
+        };
+        let expected = match key {
+            Key::Chunk(d) | Key::File(d) => d,
+        };
+        if actual != expected {
+            tracing::error!(path = %path.display(), %actual, "disk cache entry is damaged: dropping it, it is fetched again");
+            self.discard(key);
+            return Checked::Bad;
+        }
+        let mut index = self.index.lock();
+        match index.peek_mut(&key) {
+            Some(Held::Chunk { verified }) | Some(Held::File { verified, .. }) => {
+                *verified = true;
+                Checked::Good(bytes)
+            }
+            None => Checked::Gone,
+        }
+    }
+
+    /// Drops a damaged entry: from the index, its located chunks, its file.
+    fn discard(&self, key: Key) {
+        MountMetrics::inc(&self.metrics.verification_failures);
+        match key {
+            Key::File(file) => self.remove_file_entry(&file),
+            Key::Chunk(_) => {
+                self.index.lock().remove(&key);
+                let _ = fs::remove_file(self.path(&key));
+                self.publish();
+            }
         }
     }
 
@@ -357,7 +514,7 @@ impl DiskCache {
     pub fn register(&self, file: &FileEntry) {
         if !matches!(
             self.index.lock().peek(&Key::File(file.blake3)),
-            Some(Held::File { ready: true })
+            Some(Held::File { ready: true, .. })
         ) {
             return;
         }
@@ -382,7 +539,10 @@ impl DiskCache {
         let _writer = self.writer.lock();
         match self.reserve(
             Key::File(file.blake3),
-            Held::File { ready: false },
+            Held::File {
+                ready: false,
+                verified: false,
+            },
             file.size,
         ) {
             Ok(true) => {
@@ -403,7 +563,7 @@ impl DiskCache {
         self.unpin(Key::File(file.blake3));
         if !matches!(
             self.index.lock().peek(&Key::File(file.blake3)),
-            Some(Held::File { ready: false })
+            Some(Held::File { ready: false, .. })
         ) {
             // The reservation is gone (removed meanwhile): keep nothing untracked.
             let _ = fs::remove_file(tmp);
@@ -413,7 +573,7 @@ impl DiskCache {
         }
         let placed = (|| {
             if let Some(shard) = path.parent() {
-                fs::create_dir_all(shard)?;
+                private_dir(shard)?;
             }
             fs::rename(tmp, &path)
         })();
@@ -423,8 +583,12 @@ impl DiskCache {
             self.publish();
             return Err(e);
         }
+        // Its BLAKE3 was checked as it was written (`crate::hydrate`).
         if let Some(held) = self.index.lock().peek_mut(&Key::File(file.blake3)) {
-            *held = Held::File { ready: true };
+            *held = Held::File {
+                ready: true,
+                verified: true,
+            };
         }
         self.register(file);
         // The chunks are in the file now: their own copies go (unless pinned: open).
@@ -451,7 +615,7 @@ impl DiskCache {
         self.unpin(Key::File(file.blake3));
         let _ = fs::remove_file(tmp);
         let mut index = self.index.lock();
-        if let Some(Held::File { ready: false }) = index.peek(&Key::File(file.blake3)) {
+        if let Some(Held::File { ready: false, .. }) = index.peek(&Key::File(file.blake3)) {
             index.remove(&Key::File(file.blake3));
         }
         drop(index);
@@ -478,6 +642,121 @@ impl DiskCache {
     fn bytes(&self) -> u64 {
         self.index.lock().bytes()
     }
+}
+
+/// Creates `dir` (and missing parents) 0700, and tightens it if it exists looser.
+pub(crate) fn private_dir(dir: &Path) -> std::io::Result<()> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let mode = fs::metadata(dir)?.mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(dir, fs::Permissions::from_mode(mode & 0o700))?;
+    }
+    Ok(())
+}
+
+/// Creates `path` for writing, 0600.
+pub(crate) fn create_private(path: &Path) -> std::io::Result<fs::File> {
+    fs::File::options()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+}
+
+/// BLAKE3 of the file at `path` and its length, on every core (rayon), through an mmap the
+/// kernel is asked to read ahead in full (`MADV_WILLNEED`): the disk streams while the cores
+/// hash, and the file is in the page cache for the reader that opens it next.
+fn hash_fast(path: &Path) -> std::io::Result<(Digest, u64)> {
+    let file = fs::File::open(path)?;
+    let len = file.metadata()?.len();
+    let mut hasher = blake3::Hasher::new();
+    if len < FAST_MIN_MAP {
+        let mut data = Vec::new();
+        std::io::Read::read_to_end(&mut &file, &mut data)?;
+        hasher.update(&data);
+        return Ok((
+            Digest::from_bytes(*hasher.finalize().as_bytes()),
+            data.len() as u64,
+        ));
+    }
+    // SAFETY: cache files are written once under tmp/ and renamed into place; nothing of ours
+    // writes them after. A byte changed under the mapping by anyone else (the damage this
+    // looks for) changes what is hashed, which the comparison with the name then reports.
+    let map = unsafe { memmap2::Mmap::map(&file)? };
+    if let Err(e) = map.advise(memmap2::Advice::WillNeed) {
+        tracing::debug!(path = %path.display(), error = %e, "madvise(WILLNEED) refused");
+    }
+    hasher.update_rayon(&map);
+    Ok((
+        Digest::from_bytes(*hasher.finalize().as_bytes()),
+        map.len() as u64,
+    ))
+}
+
+/// BLAKE3 of the file at `path` and its length, one block at a time on this thread, read
+/// with `O_DIRECT` where the filesystem allows it: the disk's bytes, not the page cache's,
+/// and no page cache pushed out for a scrub.
+fn hash_paced(path: &Path, pace: &mut dyn FnMut(u64)) -> std::io::Result<(Digest, u64)> {
+    let (file, direct) = match fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+    {
+        Ok(file) => (file, true),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (fs::File::open(path)?, false),
+        Err(e) => return Err(e),
+    };
+    let mut raw = vec![0u8; SCRUB_BLOCK + DIRECT_ALIGN];
+    let skew = raw.as_ptr().align_offset(DIRECT_ALIGN);
+    let buf = raw
+        .get_mut(skew..skew + SCRUB_BLOCK)
+        .ok_or_else(|| std::io::Error::other("cannot align the scrub buffer"))?;
+    let mut hasher = blake3::Hasher::new();
+    let mut offset = 0u64;
+    loop {
+        let n = match file.read_at(buf, offset) {
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            // Some filesystems take O_DIRECT at open and refuse it at read.
+            Err(e) if direct && offset == 0 && e.raw_os_error() == Some(libc::EINVAL) => {
+                return hash_buffered(path, pace);
+            }
+            Err(e) => return Err(e),
+        };
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        offset = offset.saturating_add(n as u64);
+        pace(n as u64);
+    }
+    Ok((Digest::from_bytes(*hasher.finalize().as_bytes()), offset))
+}
+
+fn hash_buffered(path: &Path, pace: &mut dyn FnMut(u64)) -> std::io::Result<(Digest, u64)> {
+    let file = fs::File::open(path)?;
+    let mut buf = vec![0u8; SCRUB_BLOCK];
+    let mut hasher = blake3::Hasher::new();
+    let mut offset = 0u64;
+    loop {
+        let n = match file.read_at(&mut buf, offset) {
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        offset = offset.saturating_add(n as u64);
+        pace(n as u64);
+    }
+    Ok((Digest::from_bytes(*hasher.finalize().as_bytes()), offset))
 }
 
 /// The mtime records the last use so that LRU order survives a restart.

@@ -11,5 +11,6 @@
 mod disk;
 mod memory;
 
-pub use disk::{DiskCache, Key};
+pub(crate) use disk::create_private;
+pub use disk::{Checked, DiskCache, Hashing, Key, WholeFile};
 pub use memory::MemoryCache;
