@@ -185,8 +185,11 @@ async fn apply(version: &SealedVolumeVersion, ctx: &Context) -> Result<Action> {
     let ready = status
         .condition(CONDITION_READY)
         .is_some_and(|c| c.status == "True");
-    if ready && status.observed_generation == generation {
-        return Ok(Action::await_change());
+    // A manifest another namespace's deletion raced into the trash comes back while this
+    // volume still references it; a Ready version is looked at again now and then for that.
+    let live = heal_if_missing(version, ctx, &digest).await?;
+    if ready && live && status.observed_generation == generation {
+        return Ok(Action::requeue(READY_RECHECK));
     }
     let mut conditions = status.conditions.clone();
     let (patch, requeue) = match ctx.store.get_manifest(&digest).await {
@@ -221,7 +224,7 @@ async fn apply(version: &SealedVolumeVersion, ctx: &Context) -> Result<Action> {
                     "sealedAt": status.sealed_at.clone().unwrap_or(now),
                 }
             });
-            (patch, Action::await_change())
+            (patch, Action::requeue(READY_RECHECK))
         }
         Err(StoreError::UnknownVersion { .. }) => {
             set_condition(
@@ -254,6 +257,42 @@ async fn apply(version: &SealedVolumeVersion, ctx: &Context) -> Result<Action> {
     )
     .await?;
     Ok(requeue)
+}
+
+/// How often a Ready version's manifest is checked to still be live (one HEAD).
+const READY_RECHECK: Duration = Duration::from_secs(300);
+
+/// Whether the version's manifest is live, after putting it back from the trash when it is
+/// not but this version's volume still references it (its store record holds): a deletion
+/// elsewhere raced this volume's sync or push (docs/gc.md). A reclaimed trash is not live.
+async fn heal_if_missing(
+    version: &SealedVolumeVersion,
+    ctx: &Context,
+    digest: &Digest,
+) -> Result<bool> {
+    if ctx.store.has_manifest(digest).await? {
+        return Ok(true);
+    }
+    let namespace = version.namespace().unwrap_or_default();
+    let volume = format!("{namespace}/{}", version.spec.volume);
+    match sealed_store::refs::heal_reference(&ctx.store, &volume, digest).await {
+        Ok(true) => {
+            ctx.event(
+                &version.object_ref(&()),
+                true,
+                "ManifestRestored",
+                "Heal",
+                format!(
+                    "{digest} was in the store's trash although {volume} still references it; \
+                     put back"
+                ),
+            )
+            .await;
+            Ok(true)
+        }
+        Ok(false) | Err(StoreError::VersionReclaimed { .. }) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// A version without a valid attestation is attested again when the store holds a record of
@@ -402,50 +441,41 @@ pub async fn keep_retention(
 async fn cleanup(version: &SealedVolumeVersion, ctx: &Context) -> Result<Action> {
     let digest = parse_digest(version)?;
     let namespace = version.namespace().unwrap_or_default();
+    let volume_name = format!("{namespace}/{}", version.spec.volume);
     let reference = version.object_ref(&());
-    // Another live version naming the same digest keeps the manifest in the store; only
-    // this volume's record of it goes, so the version is not imported again.
-    let all: Api<SealedVolumeVersion> = match ctx.config.single_watch_namespace() {
-        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
-        None => Api::all(ctx.client.clone()),
+    if !is_attested(version, &ctx.attestation) && !operator_owned(version) {
+        // Made by hand: it never authorized a mount and holds no reference of ours; let it
+        // go without touching the store.
+        return Ok(Action::await_change());
+    }
+    let volumes: Api<SealedVolume> = Api::namespaced(ctx.client.clone(), &namespace);
+    let volume = volumes.get_opt(&version.spec.volume).await?;
+    let retention = match retention_for(version, volume.as_ref()) {
+        Ok(retention) => retention,
+        Err((retention, problem)) => {
+            // Only a CRD older than its bound (or a hand-edited annotation) admits such a
+            // value: say what is used.
+            ctx.event(&reference, true, "InvalidRetention", "Delete", problem)
+                .await;
+            retention
+        }
     };
-    let others: Vec<String> = all
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|v| {
-            v.spec.digest == version.spec.digest
-                && v.metadata.deletion_timestamp.is_none()
-                && v.metadata.uid != version.metadata.uid
-                // A version made by hand keeps nothing alive (it could pin anyone's data).
-                && is_attested(v, &ctx.attestation)
-        })
-        .map(|v| format!("{}/{}", v.namespace().unwrap_or_default(), v.name_any()))
-        .collect();
+    // The store's references decide (a sync or push of the same content in another
+    // namespace wrote its record before its version exists); versions the API server shows
+    // are one more guard for references older than records. Versions the operator owns but
+    // has not attested yet count: it is attesting them.
+    let others = other_versions(version, ctx).await?;
     if !others.is_empty() {
-        ctx.store
-            .delete_volume_record(&format!("{namespace}/{}", version.spec.volume), &digest)
-            .await?;
-        ctx.event(
-            &reference,
-            false,
-            "KeptInStore",
-            "Delete",
-            format!(
-                "{digest} stays in the store: still used by {}",
-                others.join(", ")
-            ),
-        )
-        .await;
+        match sealed_store::refs::release_reference(&ctx.store, &volume_name, &digest, retention)
+            .await
+        {
+            Ok(_) | Err(StoreError::UnknownVersion { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        kept_event(ctx, &reference, &digest, &others.join(", ")).await;
         return Ok(Action::await_change());
     }
     // A version that running pods still mount keeps its chunks: wait for the nodes to let go.
-    if !is_attested(version, &ctx.attestation) {
-        // Made by hand: it never authorized a mount, and trashing it would take the manifest
-        // from the versions that did. Let it go without touching the store.
-        return Ok(Action::await_change());
-    }
     let nodes = crate::publications::nodes_publishing(ctx, &version.spec.digest).await?;
     if !nodes.is_empty() {
         ctx.metrics.trash_waits.inc();
@@ -467,38 +497,75 @@ async fn cleanup(version: &SealedVolumeVersion, ctx: &Context) -> Result<Action>
             message,
         });
     }
-    let volumes: Api<SealedVolume> = Api::namespaced(ctx.client.clone(), &namespace);
-    let volume = volumes.get_opt(&version.spec.volume).await?;
-    let retention = match retention_for(version, volume.as_ref()) {
-        Ok(retention) => retention,
-        Err((retention, problem)) => {
-            // Only a CRD older than its bound (or a hand-edited annotation) admits such a
-            // value: say what is used.
-            ctx.event(&reference, true, "InvalidRetention", "Delete", problem)
+    match sealed_store::refs::remove_reference(&ctx.store, &volume_name, &digest, retention).await {
+        Ok(report) => match report.trashed {
+            Some(record) => {
+                ctx.metrics.versions_trashed.inc();
+                ctx.event(
+                    &reference,
+                    false,
+                    "Trashed",
+                    "Delete",
+                    format!(
+                        "{digest} moved to the trash; restorable until {} with `sealed restore {digest}`",
+                        record.restorable_until
+                    ),
+                )
                 .await;
-            retention
-        }
-    };
-    match sealed_store::trash::trash_version(&ctx.store, &digest, retention).await {
-        Ok(record) => {
-            ctx.metrics.versions_trashed.inc();
-            ctx.event(
-                &reference,
-                false,
-                "Trashed",
-                "Delete",
-                format!(
-                    "{digest} moved to the trash; restorable until {} with `sealed restore {digest}`",
-                    record.restorable_until
-                ),
-            )
-            .await;
-        }
+            }
+            None => {
+                // Counted, not named: other namespaces' volumes are not this tenant's to see.
+                let by = format!(
+                    "{} other volume(s) that reference it in the store",
+                    report.still_referenced_by.len()
+                );
+                kept_event(ctx, &reference, &digest, &by).await;
+            }
+        },
         // Nothing to keep: the manifest was never sealed, or is gone already.
         Err(StoreError::UnknownVersion { .. }) => {}
         Err(e) => return Err(e.into()),
     }
     Ok(Action::await_change())
+}
+
+/// The other undeleted versions of the same digest that keep it (attested, or owned by their
+/// volume and so about to be), as `ns/name`.
+async fn other_versions(version: &SealedVolumeVersion, ctx: &Context) -> Result<Vec<String>> {
+    let all: Api<SealedVolumeVersion> = match ctx.config.single_watch_namespace() {
+        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
+        None => Api::all(ctx.client.clone()),
+    };
+    Ok(all
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|v| {
+            v.spec.digest == version.spec.digest
+                && v.metadata.deletion_timestamp.is_none()
+                && v.metadata.uid != version.metadata.uid
+                // A version made by hand keeps nothing alive (it could pin anyone's data).
+                && (is_attested(v, &ctx.attestation) || operator_owned(v))
+        })
+        .map(|v| format!("{}/{}", v.namespace().unwrap_or_default(), v.name_any()))
+        .collect())
+}
+
+async fn kept_event(
+    ctx: &Context,
+    reference: &k8s_openapi::api::core::v1::ObjectReference,
+    digest: &Digest,
+    by: &str,
+) {
+    ctx.event(
+        reference,
+        false,
+        "KeptInStore",
+        "Delete",
+        format!("{digest} stays in the store: still used by {by}"),
+    )
+    .await;
 }
 
 #[cfg(test)]
