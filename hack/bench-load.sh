@@ -15,9 +15,13 @@
 #   f-replay  a second node (fresh cache) that replays d's learned profile
 #   f-plain   that node without it (--no-learned-prefetch)
 #   odirect-* the O_DIRECT reader on local disk (a) and through the hydrated mount (c)
+#   c-cpu     CPU seconds (user + system) of c's serving process during c's load, and
+#   c-verify  the wall time of its checks of the hydrated files found on disk (summed over
+#             files; they run beside the load: `docs/mount.md`, "What is verified, per path")
 #
 #   hack/bench-load.sh                          # 2 GiB in 4 shards, best of 3
 #   BENCH_MIB=512 BENCH_RUNS=1 hack/bench-load.sh
+#   BENCH_CASES=local hack/bench-load.sh        # a, b, c and the re-reads only (no S3, no proxy)
 #
 # Env: SEALED (default the build in $CARGO_TARGET_DIR), BENCH_DIR, BENCH_MIB (2048), BENCH_RUNS
 # (3), BENCH_LATENCY_MS (25), BENCH_CONCURRENCY (64), BENCH_CSV (docs/benchmarks/load.csv),
@@ -35,6 +39,9 @@ MIB=${BENCH_MIB:-2048}
 RUNS=${BENCH_RUNS:-3}
 LATENCY=${BENCH_LATENCY_MS:-25}
 CONCURRENCY=${BENCH_CONCURRENCY:-64}
+CASES=${BENCH_CASES:-all}
+# The serving processes log each check of a hydrated file (c-verify sums them).
+export SEALED_LOG=${SEALED_LOG:-warn,sealed_mount::verify=info}
 CSV=${BENCH_CSV:-$HACK_DIR/../docs/benchmarks/load.csv}
 PNG=${BENCH_PNG:-$HACK_DIR/../docs/benchmarks/load.png}
 BUCKET=load
@@ -46,8 +53,11 @@ PY_PINS=(safetensors==0.8.0 numpy==2.4.6 matplotlib==3.11.2)
 
 [[ $(id -u) -eq 0 && -e /dev/fuse ]] || die "needs root and /dev/fuse"
 [[ -x $SEALED ]] || die "$SEALED missing: cargo build -p sealed-cli"
-command -v curl >/dev/null || die "curl is needed for the parallel GET"
-export PATH="$("$HACK_DIR/build-test-tools.sh" --path):$PATH"
+[[ $CASES == all || $CASES == local ]] || die "BENCH_CASES is all or local"
+if [[ $CASES == all ]]; then
+  command -v curl >/dev/null || die "curl is needed for the parallel GET"
+  export PATH="$("$HACK_DIR/build-test-tools.sh" --path):$PATH"
+fi
 export AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=benchsecret SEALED_STORE_REGION=us-east-1
 
 python_env() {
@@ -82,7 +92,7 @@ drop_caches() { sync && echo 3 >/proc/sys/vm/drop_caches; }
 rm -rf --one-file-system "$W"
 mkdir -p "$W/src"
 : >"$W/pids"
-slow_origin_up "$W" "$BUCKET" "$S3_PORT" "$PROXY_PORT" "$TOXI_PORT" "$LATENCY"
+[[ $CASES == all ]] && slow_origin_up "$W" "$BUCKET" "$S3_PORT" "$PROXY_PORT" "$TOXI_PORT" "$LATENCY"
 
 # The loader: `load DIR` opens every *.safetensors with safe_open (mmap) and materialises
 # every tensor; `odirect DIR` reads every shard with O_DIRECT in 16 MiB requests. Both print
@@ -137,7 +147,8 @@ BYTES=$(du -cb "$W"/src/*.safetensors | tail -1 | cut -f1)
 export SEALED_STORE="file://$W/store"
 DIGEST=$("$SEALED" push "$W/src")
 # The same version on s3s-fs, pushed around the proxy: only the reads pay the latency.
-SEALED_STORE="s3://$BUCKET" SEALED_STORE_ENDPOINT="http://127.0.0.1:$S3_PORT" "$SEALED" push "$W/src" >/dev/null
+[[ $CASES == all ]] &&
+  SEALED_STORE="s3://$BUCKET" SEALED_STORE_ENDPOINT="http://127.0.0.1:$S3_PORT" "$SEALED" push "$W/src" >/dev/null
 PROFILE=$W/s3/$BUCKET/profiles/${DIGEST#blake3:}
 log "version $DIGEST ($BYTES bytes)"
 
@@ -160,6 +171,19 @@ mount_at() {
     --cache-size 8Gi --log-file "$W/log-$name" "$@" >/dev/null
 }
 umount_at() { "$SEALED" umount "$W/mnt-$1" >/dev/null; }
+# The serving process of mount NAME, and its CPU seconds (user + system) so far.
+server_pid() {
+  local p
+  for p in $(pgrep -f -- "--daemon-child"); do
+    tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q -- " $W/mnt-$1 " && echo "$p"
+  done
+}
+cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{ printf "%.3f", ($14 + $15) / hz }' "/proc/$1/stat"; }
+# The summed wall time of the checks of hydrated files logged in mount NAME's log since line FROM.
+verify_s() {
+  tail -n +"$2" "$W/log-$1" | grep 'cache copy verified' |
+    sed -n 's/.*micros=\([0-9]*\).*/\1/p' | awk '{ t += $1 } END { printf "%.3f", t / 1e6 }'
+}
 fresh() { umount -l "$W/mnt-$1" 2>/dev/null || true; rm -rf --one-file-system "$W/cache-$1"; }
 
 # The parallel GET: every chunk object of the version, once, CONCURRENCY at once.
@@ -192,11 +216,16 @@ for run in $(seq "$RUNS"); do
 
   fresh b
   mount_at b file; drop_caches; row "$run" b "$(timed load "$W/mnt-b")"; umount_at b
-  mount_at b file; drop_caches; row "$run" c "$(timed load "$W/mnt-b")"
+  mount_at b file; drop_caches
+  pid=$(server_pid b); cpu0=$(cpu_s "$pid"); log0=$(($(wc -l <"$W/log-b") + 1))
+  row "$run" c "$(timed load "$W/mnt-b")"
+  row "$run" c-cpu "$(awk -v a="$cpu0" -v z="$(cpu_s "$pid")" 'BEGIN { printf "%.3f", z - a }')"
+  row "$run" c-verify "$(verify_s b "$log0")"
   row "$run" c-reread "$(timed load "$W/mnt-b")"
   row "$run" a-reread "$(timed load "$W/src")"
   drop_caches; row "$run" odirect-c "$(timed odirect "$W/mnt-b")"
   umount_at b
+  [[ $CASES == all ]] || continue
 
   rm -f "$PROFILE"
   fresh d
