@@ -162,3 +162,49 @@ fn clear_errors() {
         "{err}"
     );
 }
+
+#[test]
+fn rm_of_one_volume_removes_only_its_reference() {
+    let env = Env::new();
+    let src = env.path("shared");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("w.bin"), vec![7u8; 300_000]).unwrap();
+    let dir = src.to_str().unwrap();
+    let a = env
+        .ok(&["push", dir, "--volume", "team-a/m"])
+        .trim()
+        .to_owned();
+    let b = env
+        .ok(&["push", dir, "--volume", "team-b/m"])
+        .trim()
+        .to_owned();
+    let c = env
+        .ok(&["push", dir, "--volume", "team-c/m"])
+        .trim()
+        .to_owned();
+    assert!(a == b && b == c, "{a} {b} {c}");
+
+    // One volume's reference: the version stays live for the others.
+    let out = env.json(&["rm", &a, "--volume", "team-a/m", "--retention", "0"]);
+    assert_eq!(out["trashed"], false, "{out}");
+    assert_eq!(out["volume"], "team-a/m", "{out}");
+    assert_eq!(
+        out["still_referenced_by"],
+        serde_json::json!(["team-b/m", "team-c/m"])
+    );
+    env.ok(&["verify", &a]);
+    let text = env.ok(&["rm", &a, "--volume", "team-b/m"]);
+    assert!(text.contains("removed team-b/m's reference"), "{text}");
+    assert!(
+        text.contains("stays live: still referenced by team-c/m"),
+        "{text}"
+    );
+
+    // The admin's rm removes the rest and says how many.
+    let out = env.json(&["rm", &a, "--retention", "2h"]);
+    assert_eq!(out["trashed"], true, "{out}");
+    assert_eq!(out["references_removed"], serde_json::json!(["team-c/m"]));
+    assert!(out["restorable_until"].is_string(), "{out}");
+    let err = env.fails(&["verify", &a]);
+    assert!(err.contains("not found"), "{err}");
+}

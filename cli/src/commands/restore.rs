@@ -25,6 +25,12 @@ pub async fn run(ctx: &Context, args: RestoreArgs) -> anyhow::Result<ExitCode> {
         print_json(&report)?;
     } else if report.restored {
         println!("restored {}", report.digest);
+        if !report.references_restored.is_empty() {
+            println!(
+                "references restored: {}",
+                report.references_restored.join(", ")
+            );
+        }
     } else {
         println!("{} is not deleted; nothing to restore", report.digest);
     }
