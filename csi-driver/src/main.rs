@@ -11,7 +11,8 @@ use sealed_csi::attest::SecretRef;
 use sealed_csi::peer::{PeerConfig, PeerMembers};
 use sealed_csi::plugin::{ApiConfig, PluginConfig};
 use sealed_mount::{
-    FetchPolicy, MountLimits, MountOptions, NodeCacheOptions, PrefetchSelection, parse_size,
+    FetchPolicy, MountLimits, MountOptions, NodeCacheOptions, PrefetchSelection, ScrubOptions,
+    parse_size,
 };
 use sealed_service::store_args::StoreArgs;
 
@@ -68,6 +69,11 @@ struct Args {
     /// Bound on chunks held in memory, for the node
     #[arg(long, default_value = "256Mi", value_parser = parse_size)]
     memory: u64,
+    /// Background scrub of the disk cache, MiB per second: every cached file and chunk is
+    /// hashed again (a pass at most every 10 minutes) and one that no longer matches its
+    /// digest is dropped and fetched again. 0 turns it off
+    #[arg(long, env = "SEALED_SCRUB_RATE", default_value_t = ScrubOptions::DEFAULT_MIB_PER_SECOND)]
+    scrub_rate: u64,
     /// What a volume without a `prefetch` attribute prefetches: none, model, all, or
     /// comma-separated globs ('model,*.json' adds globs to model)
     #[arg(long, env = "SEALED_PREFETCH", default_value = "none", value_parser = parse_prefetch)]
@@ -286,6 +292,7 @@ fn plugin_config(args: Args) -> anyhow::Result<PluginConfig> {
         disk_bytes: args.cache_size,
         memory_bytes: args.memory,
         fetch,
+        scrub: ScrubOptions::at_mib_per_second(args.scrub_rate),
         ..NodeCacheOptions::default()
     };
     let mount = MountOptions {
