@@ -186,6 +186,26 @@ struct Args {
     /// The name every peer's certificate is checked for (peers are dialled by pod IP)
     #[arg(long, env = "SEALED_PEER_TLS_NAME", default_value = sealed_peer::tls::DEFAULT_NAME)]
     peer_tls_name: String,
+    /// Connections the peer port holds at once; more are closed at accept
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    peer_max_connections: u64,
+    /// Connections the peer port holds at once from one address
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    peer_max_connections_per_source: u64,
+    /// Connections the metrics port holds at once
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    metrics_max_connections: u64,
+    /// Connections the metrics port holds at once from one address
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    metrics_max_connections_per_source: u64,
+    /// Milliseconds a connection to the peer or metrics port has for its first request head
+    /// (and, on HTTP/1.1, each next one); also bounds a TLS handshake's
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    connection_header_timeout_ms: u64,
+    /// Milliseconds without a request (or without a byte either way) after which a
+    /// connection to the peer or metrics port is closed
+    #[arg(long, default_value_t = 120_000, value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
+    connection_idle_timeout_ms: u64,
     /// Log more (-v info, -vv debug); SEALED_LOG overrides
     #[arg(long, short = 'v', action = clap::ArgAction::Count)]
     verbose: u8,
@@ -198,6 +218,9 @@ async fn main() -> anyhow::Result<()> {
         sealed_service::logging::verbosity("info", args.verbose),
         false,
     );
+    // Before any listener: the soft open-files limit up to the hard one, and the share
+    // connections may hold fixed from it (the rest stays for FUSE and the cache).
+    sealed_service::listen::prepare_descriptors();
     let config = plugin_config(args)?;
     sealed_csi::plugin::run(config).await
 }
@@ -242,12 +265,43 @@ fn peer_config(args: &Args) -> anyhow::Result<Option<PeerConfig>> {
             args.peer_tls_ca.as_deref(),
             &args.peer_tls_name,
         )?,
+        limits: connection_limits(
+            args,
+            sealed_service::listen::ConnLimits::peer(),
+            args.peer_max_connections,
+            args.peer_max_connections_per_source,
+        ),
     }))
+}
+
+/// A listener's bounds from the flags (the timeouts are shared by both listeners).
+fn connection_limits(
+    args: &Args,
+    defaults: sealed_service::listen::ConnLimits,
+    max: u64,
+    per_source: u64,
+) -> sealed_service::listen::ConnLimits {
+    let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+    let header = Duration::from_millis(args.connection_header_timeout_ms);
+    sealed_service::listen::ConnLimits {
+        max_connections: count(max),
+        max_per_source: count(per_source),
+        header_timeout: header,
+        idle_timeout: Duration::from_millis(args.connection_idle_timeout_ms),
+        handshake_timeout: header,
+        ..defaults
+    }
 }
 
 /// The library's configuration from the flags.
 fn plugin_config(args: Args) -> anyhow::Result<PluginConfig> {
     let peer = peer_config(&args)?;
+    let metrics_limits = connection_limits(
+        &args,
+        sealed_service::listen::ConnLimits::metrics(),
+        args.metrics_max_connections,
+        args.metrics_max_connections_per_source,
+    );
     let api = if args.standalone {
         if args.attestation_secret.is_some()
             || args.insecure_skip_attestation
@@ -316,6 +370,7 @@ fn plugin_config(args: Args) -> anyhow::Result<PluginConfig> {
         kubelet_dir: args.kubelet_dir,
         kubelet_registration_path: args.kubelet_registration_path,
         metrics_addr: args.metrics_addr,
+        metrics_limits,
         peer,
     })
 }

@@ -32,6 +32,8 @@ pub struct PeerConfig {
     pub upload_rate: Option<u64>,
     /// TLS between peers; `None`: h2c.
     pub tls: Option<sealed_peer::PeerTls>,
+    /// The peer port's connection bounds.
+    pub limits: sealed_peer::ConnLimits,
 }
 
 #[derive(Clone, Debug)]
@@ -59,6 +61,7 @@ pub async fn start(
     options.fanout = config.fanout.max(1);
     options.upload_rate = config.upload_rate;
     options.tls = config.tls.clone();
+    options.limits = config.limits.clone();
     let members: Membership = match &config.members {
         PeerMembers::Fixed(addrs) => membership::fixed(addrs.clone(), options.fanout),
         PeerMembers::Service {
@@ -119,7 +122,7 @@ impl PeerCollector {
             .with_label_values(&["origin"])
             .inc_by(m.store_bytes_fetched);
         out.push(Box::new(bytes));
-        let counters: [(&str, &str, u64); 21] = [
+        let counters: [(&str, &str, u64); 22] = [
             (
                 "sealed_peer_hits_total",
                 "Chunks a peer served (verified)",
@@ -225,12 +228,30 @@ impl PeerCollector {
                 "Chunk bytes peers served this node (verified)",
                 m.peer_bytes_fetched,
             ),
+            (
+                "sealed_peer_stalls_total",
+                "Owner answers whose body stalled (below the rate floor, or no body): the owner was marked down",
+                p.stalls,
+            ),
         ];
         for (name, help, value) in counters {
             let c = IntCounter::new(name, help).expect("static metric");
             c.inc_by(value);
             out.push(Box::new(c));
         }
+        // By owner: at most sealed_peer::metrics::MAX_OWNERS_COUNTED addresses, then "other".
+        let by_owner = IntCounterVec::new(
+            Opts::new(
+                "sealed_peer_owner_stalls_total",
+                "Stalled answers by owner address (bounded: the rest under owner=\"other\")",
+            ),
+            &["owner"],
+        )
+        .expect("static metric");
+        for (owner, n) in self.peer.owner_stalls() {
+            by_owner.with_label_values(&[owner.as_str()]).inc_by(n);
+        }
+        out.push(Box::new(by_owner));
         let members = IntGauge::new(
             "sealed_peer_members",
             "Members in this node's view of the fleet",

@@ -42,6 +42,8 @@ pub struct PluginConfig {
     pub kubelet_registration_path: Option<PathBuf>,
     /// Where `/metrics` and `/healthz` are served; off when `None`.
     pub metrics_addr: Option<SocketAddr>,
+    /// The metrics port's connection bounds.
+    pub metrics_limits: sealed_service::listen::ConnLimits,
     /// The peer tier (docs/peer.md); off when `None`.
     pub peer: Option<crate::peer::PeerConfig>,
 }
@@ -161,10 +163,11 @@ pub async fn run(config: PluginConfig) -> anyhow::Result<()> {
         let listener = sealed_service::http::bind(addr)
             .await
             .context("--metrics-addr")?;
-        tokio::spawn(sealed_service::http::serve(
+        tokio::spawn(sealed_service::http::serve_with_limits(
             listener,
             driver.metrics().clone(),
             health.clone(),
+            config.metrics_limits.clone(),
             async {
                 let _ = http_stopped.await;
             },

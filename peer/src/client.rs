@@ -2,8 +2,17 @@
 //! the owner in its current view of the ring and asks it, within a time bound; anything but
 //! the right number of bytes in time is `None`, and the mount fetches from the origin. (The
 //! mount verifies the bytes; this side only bounds them.)
+//!
+//! Bounded over time, not only in total: an owner whose body has started must go on
+//! delivering at least `min_rate` over each `stall_window` (all its answers to this node
+//! together, so many slow streams of a busy owner add up), and one that sends headers and no
+//! body within the body bound stalls too. A stalled owner is marked down for `down_for`:
+//! its in-flight answers give up at their next window, its chunks go to the next in line,
+//! so a dripping owner (a failing disk or NIC that still answers) costs a reader about one
+//! stall per window, not one per chunk.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -38,6 +47,11 @@ struct Inner {
     request_timeout: Duration,
     body_timeout: Duration,
     down_for: Duration,
+    stall_window: Duration,
+    min_rate: u64,
+    /// Body bytes each owner delivered to this node (all answers): the stall check's
+    /// measure. Bounded: owners that left the ring are forgotten.
+    delivered: Mutex<HashMap<String, Arc<AtomicU64>>>,
     /// Owners that failed recently, and until when they are not asked.
     down: Mutex<HashMap<String, Instant>>,
     /// When each owner last sent this node any bytes (headers or body, any chunk): an owner
@@ -87,6 +101,9 @@ impl PeerClient {
                 request_timeout: options.request_timeout,
                 body_timeout: options.body_timeout,
                 down_for: options.down_for,
+                stall_window: options.stall_window.max(Duration::from_millis(10)),
+                min_rate: options.min_rate,
+                delivered: Mutex::new(HashMap::new()),
                 down: Mutex::new(HashMap::new()),
                 last_progress: Mutex::new(HashMap::new()),
                 metrics,
@@ -207,21 +224,88 @@ impl Inner {
             }
         };
         self.progressed(&owner.addr);
-        let body = read_body(response, chunk.len as usize, || {
-            self.progressed(&owner.addr)
+        let delivered = self.delivered(&owner.addr);
+        let this_body = AtomicU64::new(0);
+        let body = read_body(response, chunk.len as usize, |n| {
+            self.progressed(&owner.addr);
+            let n = n as u64;
+            delivered.fetch_add(n, Ordering::Relaxed);
+            this_body.fetch_add(n, Ordering::Relaxed);
         });
-        match tokio::time::timeout_at(deadline, body).await {
-            Ok(Ok(data)) => Asked::Chunk(data),
-            Ok(Err(failure)) => self.failed(owner, &chunk, failure),
-            Err(_) => {
-                // The owner answered, so it is alive; it is slow with this chunk (its origin
-                // fetch), not necessarily with the next.
-                PeerMetrics::inc(&self.metrics.body_timeouts);
-                tracing::debug!(peer = %owner.addr, digest = %chunk.digest,
-                    "peer did not send the chunk within {body_bound:?}; fetching from the origin");
-                Asked::Missed
+        tokio::pin!(body);
+        // What the owner must deliver per window while this body is under way.
+        let floor = u64::try_from(
+            u128::from(self.min_rate).saturating_mul(self.stall_window.as_millis()) / 1000,
+        )
+        .unwrap_or(u64::MAX);
+        let mut windows = tokio::time::interval_at(
+            tokio::time::Instant::now() + self.stall_window,
+            self.stall_window,
+        );
+        let mut at_last_window = delivered.load(Ordering::Relaxed);
+        // Whether this body had started at the last window's end: only a whole window
+        // after its first bytes is measured.
+        let mut started = false;
+        loop {
+            tokio::select! {
+                read = &mut body => {
+                    return match read {
+                        Ok(data) => Asked::Chunk(data),
+                        Err(failure) => self.failed(owner, &chunk, failure),
+                    };
+                }
+                _ = tokio::time::sleep_until(deadline) => {
+                    PeerMetrics::inc(&self.metrics.body_timeouts);
+                    if this_body.load(Ordering::Relaxed) == 0 {
+                        // Headers and then nothing for the whole body bound: a stall too.
+                        return self.stalled(owner, &chunk, "sent headers and no body");
+                    }
+                    // Delivering above the floor, only not in time for this chunk: alive.
+                    tracing::debug!(peer = %owner.addr, digest = %chunk.digest,
+                        "peer did not send the chunk within {body_bound:?}; fetching from the origin");
+                    return Asked::Missed;
+                }
+                _ = windows.tick() => {
+                    if self.is_down(&owner.addr) {
+                        // Another answer of this owner found it stalled or broken.
+                        PeerMetrics::inc(&self.metrics.skipped_down);
+                        return Asked::OwnerDown;
+                    }
+                    let now = delivered.load(Ordering::Relaxed);
+                    let in_window = now.saturating_sub(at_last_window);
+                    at_last_window = now;
+                    if started && in_window < floor {
+                        return self.stalled(owner, &chunk, "delivered below the rate floor");
+                    }
+                    started = this_body.load(Ordering::Relaxed) > 0;
+                }
             }
         }
+    }
+
+    /// Marks `owner` down for a stalled answer and counts it (by owner, bounded).
+    fn stalled(&self, owner: &Member, chunk: &ChunkRef, why: &str) -> Asked {
+        self.metrics.stalled(&owner.addr);
+        tracing::warn!(peer = %owner.addr, digest = %chunk.digest, why,
+            "peer answer stalled; not asking it for {:?}", self.down_for);
+        self.mark_down(&owner.addr);
+        Asked::OwnerDown
+    }
+
+    /// The body bytes counter of `owner` (created on first use; owners no longer in the
+    /// ring are dropped when the map grows).
+    fn delivered(&self, owner: &str) -> Arc<AtomicU64> {
+        let mut map = self.delivered.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = map.get(owner) {
+            return c.clone();
+        }
+        if map.len() >= 1024 {
+            let ring = self.ring.borrow().clone();
+            map.retain(|addr, _| ring.contains(addr));
+        }
+        let c = Arc::new(AtomicU64::new(0));
+        map.insert(owner.to_owned(), c.clone());
+        c
     }
 
     fn failed(&self, owner: &Member, chunk: &ChunkRef, failure: Failure) -> Asked {
@@ -330,7 +414,7 @@ impl Inner {
 async fn read_body(
     mut response: reqwest::Response,
     want: usize,
-    progress: impl Fn(),
+    progress: impl Fn(usize),
 ) -> Result<Bytes, Failure> {
     let mut body = BytesMut::with_capacity(want);
     while let Some(part) = response
@@ -338,7 +422,7 @@ async fn read_body(
         .await
         .map_err(|e| Failure::Broken(chain(&e)))?
     {
-        progress();
+        progress(part.len());
         if body.len().saturating_add(part.len()) > want {
             return Err(Failure::Broken(format!(
                 "sent more than the chunk's {want} bytes"
@@ -441,6 +525,7 @@ mod tests {
         struct Len {
             len: usize,
         }
+        const PART: usize = 64 << 10;
         let bound = Duration::from_millis(500);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let owner = listener.local_addr().unwrap().to_string();
@@ -452,8 +537,8 @@ mod tests {
         });
         let (streamed, late) = (owned_there.next().unwrap(), owned_there.next().unwrap());
         let late_hex = chunk(late, 1).digest.hex();
-        // The streamed chunk's headers come at once and its 20 bytes one every 100 ms; the
-        // late chunk's headers come after 3 header bounds.
+        // The streamed chunk's headers come at once and its 20 parts of 64 KiB one every
+        // 100 ms (above the stall floor); the late chunk's headers come after 3 header bounds.
         let app = axum::Router::new().route(
             "/v1/chunks/{digest}",
             axum::routing::get(move |Path(d): Path<String>, Query(q): Query<Len>| {
@@ -467,8 +552,8 @@ mod tests {
                         (sent < q.len).then_some(())?;
                         tokio::time::sleep(Duration::from_millis(100)).await;
                         Some((
-                            Ok::<_, std::io::Error>(Bytes::from_static(&[7u8])),
-                            sent + 1,
+                            Ok::<_, std::io::Error>(Bytes::from(vec![7u8; PART])),
+                            sent + PART,
                         ))
                     });
                     Body::from_stream(drip)
@@ -478,7 +563,7 @@ mod tests {
         tokio::spawn(async move { axum::serve(listener, app).await });
         let slow = tokio::spawn({
             let client = client.clone();
-            async move { client.fetch(chunk(streamed, 20)).await }
+            async move { client.fetch(chunk(streamed, 20 * PART as u32)).await }
         });
         // The streamed chunk is under way (its headers are in) before the late one is asked.
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -488,7 +573,7 @@ mod tests {
             "the late chunk was not waited for: {:?}",
             metrics.snapshot()
         );
-        assert!(matches!(slow.await.unwrap(), PeerAnswer::Chunk(ref b) if b.len() == 20));
+        assert!(matches!(slow.await.unwrap(), PeerAnswer::Chunk(ref b) if b.len() == 20 * PART));
         let seen = metrics.snapshot();
         assert_eq!(seen.slow_headers, 1, "{seen:?}");
         assert_eq!(seen.request_timeouts, 0, "{seen:?}");
@@ -496,5 +581,61 @@ mod tests {
             seen.skipped_down, 0,
             "the busy owner was marked down: {seen:?}"
         );
+    }
+
+    /// An owner that answers headers at once and then drips its bodies (one byte a second:
+    /// a failing disk or NIC that still answers) is marked down at its first stall: twelve
+    /// chunks it owns cost a reader about one stall, not twelve body bounds.
+    #[tokio::test]
+    async fn a_dripping_owner_costs_one_stall_not_one_per_chunk() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let owner = listener.local_addr().unwrap().to_string();
+        let app = axum::Router::new().route(
+            "/v1/chunks/{digest}",
+            axum::routing::get(|| async {
+                let drip = futures::stream::unfold((), |()| async {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    Some((Ok::<_, std::io::Error>(Bytes::from_static(&[7u8])), ()))
+                });
+                axum::body::Body::from_stream(drip)
+            }),
+        );
+        tokio::spawn(async move { axum::serve(listener, app).await });
+
+        let me = "127.0.0.1:1".to_string();
+        let members = crate::membership::fixed(vec![me.clone(), owner.clone()], 64);
+        let token = PeerToken::new("a-test-token-of-enough-length-0123456789").unwrap();
+        let mut options = PeerOptions::new("127.0.0.1:0".parse().unwrap(), me.clone(), token);
+        options.set_request_timeout(Duration::from_millis(500));
+        // A short body bound, so that the old behaviour (a whole bound per chunk) fails fast.
+        options.body_timeout = Duration::from_secs(2);
+        options.stall_window = Duration::from_millis(300);
+        options.down_for = Duration::from_secs(60);
+        let metrics = Arc::new(PeerMetrics::default());
+        let client = PeerClient::new(&options, members.view.clone(), metrics.clone()).unwrap();
+        let ring = crate::ring::Ring::new([me.clone(), owner.clone()], 64);
+        let theirs: Vec<ChunkRef> = (0u32..)
+            .map(|i| chunk(i, 1 << 20))
+            .filter(|c| ring.role(&Member::new(me.clone()), &c.digest) != Role::Primary)
+            .take(12)
+            .collect();
+
+        let started = Instant::now();
+        for c in &theirs {
+            match client.fetch(*c).await {
+                PeerAnswer::Chunk(_) => panic!("a dripping owner served a whole chunk"),
+                PeerAnswer::Missed | PeerAnswer::OwnedHere => {}
+            }
+        }
+        let took = started.elapsed();
+        // One stall: a window after the first byte (about 1 s), and the next window.
+        assert!(
+            took < Duration::from_secs(4),
+            "12 chunks of a dripping owner took {took:?}: {:?}",
+            metrics.snapshot()
+        );
+        let seen = metrics.snapshot();
+        assert_eq!(seen.stalls, 1, "{seen:?}");
+        assert_eq!(metrics.owner_stalls(), vec![(owner, 1)]);
     }
 }

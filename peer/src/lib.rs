@@ -25,6 +25,8 @@ use sealed_mount::NodeCache;
 use sealed_store::{ChunkRef, ChunkStore};
 use tokio::task::JoinHandle;
 
+pub use sealed_service::listen::ConnLimits;
+
 pub use client::PeerClient;
 pub use membership::Membership;
 pub use metrics::{PeerMetrics, PeerSnapshot};
@@ -71,8 +73,15 @@ pub struct PeerOptions {
     /// origin): then the reader fetches from the origin itself, the owner not marked down.
     pub body_timeout: Duration,
     pub connect_timeout: Duration,
-    /// How long an owner that failed or timed out is not asked.
+    /// How long an owner that failed, timed out or stalled is not asked.
     pub down_for: Duration,
+    /// A body that has started must keep coming: over each window of this length after its
+    /// first bytes, the owner must deliver at least [`min_rate`](Self::min_rate) (all its
+    /// answers to this node together), or it is marked down as stalled (a dripping body, a
+    /// failing disk or NIC that still answers).
+    pub stall_window: Duration,
+    /// Bytes per second an owner delivers at least while a body of its is under way.
+    pub min_rate: u64,
     /// Most peer requests this node answers at once; more are told to go to the origin.
     pub max_concurrent_serves: usize,
     /// Bound on answering one peer request (the origin fetch included).
@@ -82,6 +91,9 @@ pub struct PeerOptions {
     /// Cap on the bytes per second this node sends to all peers together (`None`: the
     /// link's speed); see [`pace`].
     pub upload_rate: Option<u64>,
+    /// The peer port's connection bounds: caps in total and per source, header and idle
+    /// deadlines, TLS handshake slots ([`sealed_service::listen`]).
+    pub limits: ConnLimits,
 }
 
 impl PeerOptions {
@@ -103,10 +115,13 @@ impl PeerOptions {
             body_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_millis(500),
             down_for: Duration::from_secs(5),
+            stall_window: Duration::from_secs(1),
+            min_rate: 32 * 1024,
             max_concurrent_serves: 64,
             serve_timeout: Duration::from_secs(10),
             fanout: 64,
             upload_rate: None,
+            limits: ConnLimits::peer(),
         }
     }
 }
@@ -143,6 +158,9 @@ impl PeerNode {
         store: ChunkStore,
     ) -> Result<PeerNode, PeerError> {
         let metrics = Arc::new(PeerMetrics::default());
+        // `sealed mount` and the node plugin alike: the open-files limit raised, and the
+        // share connections may hold fixed, before the port opens (a no-op when done already).
+        sealed_service::listen::prepare_descriptors();
         let listener = tokio::net::TcpListener::bind(options.listen)
             .await
             .map_err(|source| PeerError::Listen {
@@ -162,10 +180,14 @@ impl PeerNode {
         );
         let tls = options.tls.clone();
         let server_metrics = metrics.clone();
+        let limits = options.limits.clone();
         let server = tokio::spawn(async move {
             let served = match &tls {
-                Some(tls) => server::serve_tls(listener, router, tls, server_metrics).await,
-                None => server::serve(listener, router).await,
+                Some(tls) => {
+                    server::serve_tls_with_limits(listener, router, tls, server_metrics, limits)
+                        .await
+                }
+                None => server::serve_with_limits(listener, router, limits).await,
             };
             if let Err(e) = served {
                 tracing::error!(error = %e, "the peer server stopped");

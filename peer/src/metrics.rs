@@ -1,6 +1,8 @@
 //! The peer tier's own counters: what this node asked of others, and what it served them
 //! (its load as an owner). The chunk bytes by tier are the mount's (`MountMetrics`).
 
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
@@ -41,7 +43,18 @@ pub struct PeerMetrics {
     /// Microseconds answers waited for the upload cap (`--peer-upload-rate`), summed over
     /// answers: how much the cap held this node's serving back.
     pub upload_wait_us: AtomicU64,
+    /// Answers whose body stalled (below the rate floor over a window, or headers and no
+    /// body within the body bound): the owner was marked down.
+    pub stalls: AtomicU64,
+    /// The same, by owner address: at most [`MAX_OWNERS_COUNTED`] owners by name, the rest
+    /// under [`OTHER_OWNERS`] (pod IPs are reused and churn: the labels stay bounded).
+    owner_stalls: Mutex<BTreeMap<String, u64>>,
 }
+
+/// Owners counted by name in [`PeerMetrics::owner_stalls`].
+pub const MAX_OWNERS_COUNTED: usize = 64;
+/// The label of stalls of owners past [`MAX_OWNERS_COUNTED`].
+pub const OTHER_OWNERS: &str = "other";
 
 /// A point-in-time copy, for JSON and tests.
 #[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq, Eq)]
@@ -66,6 +79,8 @@ pub struct PeerSnapshot {
     pub tls_refused: u64,
     #[serde(default)]
     pub upload_wait_us: u64,
+    #[serde(default)]
+    pub stalls: u64,
 }
 
 impl PeerMetrics {
@@ -75,6 +90,29 @@ impl PeerMetrics {
 
     pub(crate) fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counts a stall of `owner`'s answer.
+    pub(crate) fn stalled(&self, owner: &str) {
+        Self::inc(&self.stalls);
+        let mut by_owner = self.owner_stalls.lock().unwrap_or_else(|e| e.into_inner());
+        let key = if by_owner.contains_key(owner) || by_owner.len() < MAX_OWNERS_COUNTED {
+            owner
+        } else {
+            OTHER_OWNERS
+        };
+        let n = by_owner.entry(key.to_owned()).or_insert(0);
+        *n = n.saturating_add(1);
+    }
+
+    /// Stalls by owner address (and [`OTHER_OWNERS`]).
+    pub fn owner_stalls(&self) -> Vec<(String, u64)> {
+        self.owner_stalls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect()
     }
 
     pub fn snapshot(&self) -> PeerSnapshot {
@@ -97,6 +135,7 @@ impl PeerMetrics {
             forwarded: g(&self.forwarded),
             tls_refused: g(&self.tls_refused),
             upload_wait_us: g(&self.upload_wait_us),
+            stalls: g(&self.stalls),
         }
     }
 }

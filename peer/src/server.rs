@@ -17,9 +17,8 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use futures::StreamExt as _;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::service::TowerToHyperService;
 use sealed_mount::NodeCache;
+use sealed_service::listen::{self, ConnLimits, Gate, Protocols};
 use sealed_store::{ChunkRef, ChunkStore, Digest};
 use serde::Deserialize;
 use tokio::net::TcpListener;
@@ -28,7 +27,7 @@ use tokio::sync::Semaphore;
 use crate::metrics::PeerMetrics;
 use crate::pace::UploadPacer;
 use crate::ring::{Member, RingView, Role};
-use crate::tls::{HANDSHAKE_TIMEOUT, PeerTls};
+use crate::tls::PeerTls;
 use crate::token::PeerToken;
 use crate::{HOP_HEADER, PeerOptions};
 
@@ -84,71 +83,87 @@ pub fn router(
 }
 
 /// Serves `router` on `listener` (HTTP/2 with prior knowledge, and HTTP/1.1) until the
-/// task is dropped or aborted. `TCP_NODELAY` on every accepted socket: axum does not set it,
-/// and without it the tail of a response waits for the asker's delayed ACK (40 ms), which a
-/// lone reader hits every few chunks (p99 47 ms instead of 5.9 ms for 1 MiB chunks;
-/// docs/peer.md, "Measured against iroh-blobs").
+/// task is dropped or aborted, with the peer port's default connection bounds.
 pub async fn serve(listener: TcpListener, router: Router) -> std::io::Result<()> {
-    use axum::serve::ListenerExt as _;
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY on a peer connection");
-        }
-    });
-    axum::serve(listener, router).await
+    serve_with_limits(listener, router, ConnLimits::peer()).await
+}
+
+/// [`serve`] with these connection bounds: caps in total and per source address, the
+/// descriptors' budget, header and idle deadlines ([`sealed_service::listen`]).
+/// `TCP_NODELAY` on every accepted socket: without it the tail of a response waits for the
+/// asker's delayed ACK (40 ms), which a lone reader hits every few chunks (p99 47 ms instead
+/// of 5.9 ms for 1 MiB chunks; docs/peer.md, "Measured against iroh-blobs").
+pub async fn serve_with_limits(
+    listener: TcpListener,
+    router: Router,
+    limits: ConnLimits,
+) -> std::io::Result<()> {
+    let gate = Gate::new("peer", limits);
+    listen::accept_loop(
+        listener,
+        gate.clone(),
+        std::future::pending(),
+        move |tcp, remote, admitted| {
+            let (router, gate) = (router.clone(), gate.clone());
+            async move {
+                let _admitted = admitted;
+                if let Err(e) = tcp.set_nodelay(true) {
+                    tracing::debug!(error = %e, "cannot set TCP_NODELAY on a peer connection");
+                }
+                listen::serve_connection(tcp, remote, router, &gate, Protocols::Http1AndH2c).await;
+            }
+        },
+    )
+    .await
 }
 
 /// Serves `router` on `listener` over TLS (HTTP/2, ALPN `h2`; a client certificate of the
-/// fleet required) until the task is dropped or aborted. A handshake that fails or takes
-/// longer than [`HANDSHAKE_TIMEOUT`] closes the connection.
+/// fleet required) until the task is dropped or aborted, with the peer port's default
+/// connection bounds.
 pub async fn serve_tls(
     listener: TcpListener,
     router: Router,
     tls: &PeerTls,
     metrics: Arc<PeerMetrics>,
 ) -> std::io::Result<()> {
+    serve_tls_with_limits(listener, router, tls, metrics, ConnLimits::peer()).await
+}
+
+/// [`serve_tls`] with these connection bounds. A handshake waits for one of
+/// `limits.max_handshakes` slots and must be done, the wait included, within
+/// `limits.handshake_timeout` ([`crate::tls::HANDSHAKE_TIMEOUT`] by default), or the connection is closed.
+pub async fn serve_tls_with_limits(
+    listener: TcpListener,
+    router: Router,
+    tls: &PeerTls,
+    metrics: Arc<PeerMetrics>,
+    limits: ConnLimits,
+) -> std::io::Result<()> {
     let acceptor = tls.acceptor();
-    let mut connections = tokio::task::JoinSet::new();
-    loop {
-        let (tcp, remote) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    // Out of file descriptors, say: wait rather than spin (as axum::serve does).
-                    tracing::warn!(error = %e, "cannot accept a peer connection");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-            // Reap finished connections so the set does not grow.
-            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
-        };
-        let _ = tcp.set_nodelay(true);
-        let (acceptor, router, metrics) = (acceptor.clone(), router.clone(), metrics.clone());
-        // In the set, so that aborting the server closes its connections too.
-        connections.spawn(async move {
-            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
-            {
-                Ok(Ok(stream)) => stream,
-                Ok(Err(e)) => {
+    let gate = Gate::new("peer", limits);
+    listen::accept_loop(
+        listener,
+        gate.clone(),
+        std::future::pending(),
+        move |tcp, remote, admitted| {
+            let (acceptor, router, metrics, gate) = (
+                acceptor.clone(),
+                router.clone(),
+                metrics.clone(),
+                gate.clone(),
+            );
+            async move {
+                let _admitted = admitted;
+                let _ = tcp.set_nodelay(true);
+                let Some(stream) = gate.handshake(remote, acceptor.accept(tcp)).await else {
                     PeerMetrics::inc(&metrics.tls_refused);
-                    tracing::debug!(%remote, error = %e, "peer TLS handshake failed");
                     return;
-                }
-                Err(_) => {
-                    PeerMetrics::inc(&metrics.tls_refused);
-                    tracing::debug!(%remote, "peer TLS handshake not done in {HANDSHAKE_TIMEOUT:?}");
-                    return;
-                }
-            };
-            let served = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), TowerToHyperService::new(router))
-                .await;
-            if let Err(e) = served {
-                tracing::debug!(%remote, error = %e, "peer connection ended");
+                };
+                listen::serve_connection(stream, remote, router, &gate, Protocols::Http2).await;
             }
-        });
-    }
+        },
+    )
+    .await
 }
 
 async fn chunk(

@@ -109,12 +109,41 @@ impl Fleet {
     /// Node `i`: `sealed mount` in the foreground with its own cache and mount dir, serving
     /// peers on `port`, with the membership from `peers` (`--peers` or `--peers-file` args).
     pub fn node(&self, i: usize, port: u16, membership: &[String], extra: &[&str]) -> Node {
+        self.node_limited(i, port, membership, extra, None)
+    }
+
+    /// [`Fleet::node`] under an open-files limit (soft and hard), as a container runtime
+    /// may start it.
+    pub fn node_limited(
+        &self,
+        i: usize,
+        port: u16,
+        membership: &[String],
+        extra: &[&str],
+        nofile: Option<u64>,
+    ) -> Node {
         let dir = self.work.path().join(format!("node-{i}"));
         let mnt = dir.join("mnt");
         std::fs::create_dir_all(&mnt).unwrap();
         let log = std::fs::File::create(dir.join("log")).unwrap();
-        let child = self
-            .sealed()
+        let mut command = self.sealed();
+        if let Some(limit) = nofile {
+            use std::os::unix::process::CommandExt as _;
+            // SAFETY: setrlimit is async-signal-safe and touches only the child.
+            unsafe {
+                command.pre_exec(move || {
+                    let lim = libc::rlimit {
+                        rlim_cur: limit,
+                        rlim_max: limit,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = command
             .args(["-o", "json", "mount", &self.digest])
             .arg(&mnt)
             .arg(format!("--cache-dir={}", dir.join("cache").display()))
