@@ -84,12 +84,8 @@ pub async fn remove_reference(
     retention: Duration,
 ) -> Result<RemoveReport> {
     validate_volume_name(volume)?;
-    crate::limits::later(Utc::now(), retention, "retention")?;
     let purpose = format!("delete {digest} from {volume}");
-    with_writer_lease(store, &purpose, async |lease| {
-        remove_leased(store, digest, Which::One(volume), retention, lease).await
-    })
-    .await
+    remove_under_lease(store, digest, Which::One(volume), retention, &purpose).await
 }
 
 /// Removes `volume`'s reference to `digest` as [`remove_reference`] does (its retention is
@@ -102,12 +98,8 @@ pub async fn release_reference(
     retention: Duration,
 ) -> Result<RemoveReport> {
     validate_volume_name(volume)?;
-    crate::limits::later(Utc::now(), retention, "retention")?;
     let purpose = format!("release {digest} from {volume}");
-    with_writer_lease(store, &purpose, async |lease| {
-        remove_leased(store, digest, Which::Release(volume), retention, lease).await
-    })
-    .await
+    remove_under_lease(store, digest, Which::Release(volume), retention, &purpose).await
 }
 
 /// Removes every reference to `digest` and moves it to the trash (an admin's `sealed rm`);
@@ -118,9 +110,22 @@ pub async fn remove_all_references(
     digest: &Digest,
     retention: Duration,
 ) -> Result<RemoveReport> {
+    let purpose = format!("delete {digest}");
+    remove_under_lease(store, digest, Which::All, retention, &purpose).await
+}
+
+/// Checks the retention before taking a writer lease (a bad value costs no lease), then
+/// removes `which` references under it.
+async fn remove_under_lease(
+    store: &ChunkStore,
+    digest: &Digest,
+    which: Which<'_>,
+    retention: Duration,
+    purpose: &str,
+) -> Result<RemoveReport> {
     crate::limits::later(Utc::now(), retention, "retention")?;
-    with_writer_lease(store, &format!("delete {digest}"), async |lease| {
-        remove_leased(store, digest, Which::All, retention, lease).await
+    with_writer_lease(store, purpose, async |lease| {
+        remove_leased(store, digest, which, retention, lease).await
     })
     .await
 }
