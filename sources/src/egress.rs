@@ -20,15 +20,12 @@
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use bytes::Bytes;
-use http_body::{Body, Frame, SizeHint};
 use ipnet::IpNet;
 use object_store::ClientOptions;
 use object_store::client::{
     ClientConfigKey, HttpClient, HttpConnector, HttpError, HttpErrorKind, HttpRequest,
-    HttpResponse, HttpResponseBody, HttpService,
+    HttpResponse, HttpService,
 };
 use url::Url;
 
@@ -423,83 +420,8 @@ impl HttpService for GuardedService {
                     sealed_store::MAX_LISTING_PAGE_BYTES,
                 )
             };
-            let declared = response
-                .headers()
-                .get(http::header::CONTENT_LENGTH)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok());
-            if let Some(seen) = declared.filter(|&d| d > limit) {
-                return Err(HttpError::new(
-                    HttpErrorKind::Decode,
-                    TooLong { what, limit, seen },
-                ));
-            }
-            Ok(response.map(|inner| {
-                HttpResponseBody::new(CappedBody {
-                    inner,
-                    seen: 0,
-                    limit,
-                    what,
-                })
-            }))
+            sealed_store::cap_response(response, what, limit)
         })
-    }
-}
-
-/// A response body that ends with an error once more than `limit` bytes have come.
-struct CappedBody {
-    inner: HttpResponseBody,
-    seen: u64,
-    limit: u64,
-    what: String,
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("{what} is over {limit} bytes (at least {seen} came)")]
-struct TooLong {
-    what: String,
-    limit: u64,
-    seen: u64,
-}
-
-impl Body for CappedBody {
-    type Data = Bytes;
-    type Error = HttpError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, HttpError>>> {
-        let this = self.get_mut();
-        if this.seen > this.limit {
-            return Poll::Ready(None);
-        }
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(frame))) = &polled
-            && let Some(data) = frame.data_ref()
-        {
-            this.seen = this.seen.saturating_add(data.len() as u64);
-            if this.seen > this.limit {
-                // Decode: object_store does not retry it.
-                return Poll::Ready(Some(Err(HttpError::new(
-                    HttpErrorKind::Decode,
-                    TooLong {
-                        what: this.what.clone(),
-                        limit: this.limit,
-                        seen: this.seen,
-                    },
-                ))));
-            }
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 

@@ -130,24 +130,35 @@ impl HttpService for CappedService {
                 query.as_deref(),
                 response.status().is_success(),
             );
-            let declared = response
-                .headers()
-                .get("content-length")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok());
-            if let Some(declared) = declared.filter(|&d| d > limit) {
-                return Err(exceeded(what, limit, declared));
-            }
-            Ok(response.map(|body| {
-                HttpResponseBody::new(CappedBody {
-                    inner: body,
-                    seen: 0,
-                    limit,
-                    what,
-                })
-            }))
+            cap_response(response, what, limit)
         })
     }
+}
+
+/// Caps `response`'s body at `limit` bytes, the error naming `what`: a larger declared length
+/// is refused at once, a body that runs past it ends with the error. Public for object-store
+/// clients that choose their own caps (the sources' guarded connector).
+pub fn cap_response(
+    response: HttpResponse,
+    what: String,
+    limit: u64,
+) -> Result<HttpResponse, HttpError> {
+    let declared = response
+        .headers()
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if let Some(declared) = declared.filter(|&d| d > limit) {
+        return Err(exceeded(what, limit, declared));
+    }
+    Ok(response.map(|body| {
+        HttpResponseBody::new(CappedBody {
+            inner: body,
+            seen: 0,
+            limit,
+            what,
+        })
+    }))
 }
 
 /// A response body that ends with an error once more than `limit` bytes have come.

@@ -38,7 +38,7 @@ pub mod verify;
 pub use chunker::ChunkParams;
 pub use digest::Digest;
 pub use error::{Error, Result};
-pub use http_cap::{CappedConnector, MAX_LISTING_PAGE_BYTES};
+pub use http_cap::{CappedConnector, MAX_LISTING_PAGE_BYTES, cap_response};
 pub use lease::WriterLease;
 pub use manifest::{ChunkRef, Entry, EntryKind, FileEntry, Manifest};
 pub use profile::{Profile, ProfileError};
