@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's first command: build `sealed`, push a sample model (48 MiB of safetensors) into
-# the embedded local store, inspect it, change 4 KiB of weights and the config and push again
+# a store of the demo's own (a temporary directory, removed at the end: never your default
+# store nor SEALED_STORE), inspect it, change 4 KiB of weights and the config and push again
 # (only the changed chunks upload), diff the two, pull the first back verified, and mount it
 # by digest: the mount is ready before any byte is read, then a file is read through it.
 # Needs only the Rust toolchain; the mount needs /dev/fuse and root or fusermount3 (without
@@ -13,7 +14,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 if [[ -n ${SEALED_BIN:-} ]]; then
     sealed=$SEALED_BIN
 else
-    cargo build --quiet --release -p sealed-cli
+    # Cargo's own progress, not silence: a cold release build takes 10-20 minutes on 2 cores.
+    echo "building sealed (cargo build --release -p sealed-cli; a first build takes minutes)" >&2
+    cargo build --release -p sealed-cli
     # Wherever cargo puts it (CARGO_TARGET_DIR or .cargo/config.toml may move target/).
     target=$(cargo metadata --format-version 1 --no-deps |
         sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
@@ -29,6 +32,11 @@ cleanup() {
     rm -rf "$work"
 }
 trap cleanup EXIT
+
+# The demo's own store: a user's SEALED_STORE (or endpoint, region) must not receive it.
+export SEALED_STORE="file://$work/store"
+unset SEALED_STORE_ENDPOINT SEALED_STORE_REGION
+echo "store: $SEALED_STORE (the demo's own, removed at the end)" >&2
 
 step() { printf '\n\033[1m$ %s\033[0m\n' "$*" >&2; }
 now() { date +%s.%N; }

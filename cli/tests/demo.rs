@@ -1,5 +1,6 @@
 //! The README's first command, `hack/demo.sh`, run as a newcomer runs it (with this build's
-//! `sealed` and a fresh home, so it uses the embedded default store): the second push uploads
+//! `sealed` and a fresh home): it uses a store of its own, neither the default store nor the
+//! one `SEALED_STORE` names; the second push uploads
 //! only the changed chunks, the pull round-trips, and where FUSE is available the version is
 //! mounted by digest, read through the mount and unmounted.
 
@@ -18,13 +19,16 @@ fn uploaded(summary: &str) -> Option<(String, u64)> {
 fn the_demo_pushes_pulls_and_mounts_by_digest() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let home = tempfile::tempdir().unwrap();
+    // The user's own store, which the demo must leave alone.
+    let users_store = home.path().join("users-store");
+    std::fs::create_dir(&users_store).unwrap();
     let out = Command::new("bash")
         .arg(repo.join("hack/demo.sh"))
         .env("SEALED_BIN", env!("CARGO_BIN_EXE_sealed"))
         .env("HOME", home.path())
         .env("XDG_DATA_HOME", home.path().join("data"))
         .env("XDG_CACHE_HOME", home.path().join("cache"))
-        .env_remove("SEALED_STORE")
+        .env("SEALED_STORE", format!("file://{}", users_store.display()))
         .env_remove("SEALED_LOG")
         .output()
         .unwrap();
@@ -35,11 +39,17 @@ fn the_demo_pushes_pulls_and_mounts_by_digest() {
         "demo failed ({}):\n{stdout}\n{stderr}",
         out.status
     );
-    // The embedded default store, under the data directory.
+    // Neither the embedded default store nor the user's SEALED_STORE got anything.
     assert!(
-        home.path().join("data/sealed-volumes/store").is_dir(),
-        "the default store was not used: {stderr}"
+        !home.path().join("data/sealed-volumes/store").exists(),
+        "the demo wrote into the default store: {stderr}"
     );
+    assert_eq!(
+        std::fs::read_dir(&users_store).unwrap().count(),
+        0,
+        "the demo wrote into SEALED_STORE: {stderr}"
+    );
+    assert!(stderr.contains("the demo's own"), "{stderr}");
 
     let pushes: Vec<&str> = stderr
         .lines()

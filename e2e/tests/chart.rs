@@ -1256,6 +1256,16 @@ fn notes_warn_about_local_placeholder_images() -> Result<()> {
         local.contains("WARNING: the images are the local placeholders"),
         "{local}"
     );
+    // The first sync a reader follows must not fail SecretNotOptedIn: the token Secret the
+    // notes create carries the operator's opt-in label.
+    let opt_in = format!(
+        "label secret hf-token {}=true",
+        sealed_crds::SOURCE_CREDENTIALS_LABEL
+    );
+    assert!(
+        local.contains(&opt_in),
+        "no `{opt_in}` in the notes: {local}"
+    );
     let release = notes(&["image.repository=ghcr.io/sealed-volumes"])?;
     assert!(release.contains("Sealed Volumes"), "{release}");
     assert!(!release.contains("WARNING"), "{release}");
