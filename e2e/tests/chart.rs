@@ -1389,6 +1389,22 @@ fn alert_rules_dashboard_and_relabelings_render_and_pass_promtool() -> Result<()
     ] {
         assert!(alerts.contains(want), "no alert {want} in {alerts:?}");
     }
+    // The absent() alerts come with their component, so silence means that component is down.
+    assert!(alerts.contains("SealedVolumesNoLeader"), "{alerts:?}");
+    assert!(
+        alerts.contains("SealedVolumesNodeMetricsAbsent"),
+        "{alerts:?}"
+    );
+    let without_operator = render(
+        &helm,
+        &[
+            "metrics.prometheusRule.enabled=true",
+            "operator.enabled=false",
+        ],
+    )?;
+    let text = serde_json::to_string(&of_kind(&without_operator, "PrometheusRule"))?;
+    assert!(!text.contains("SealedVolumesNoLeader"), "{text}");
+    assert!(text.contains("SealedVolumesNodeMetricsAbsent"), "{text}");
     // Helm left Prometheus' own templates ({{ $labels.pod }}) alone.
     let text = serde_json::to_string(&rule["spec"])?;
     assert!(text.contains("{{ $labels.pod }}"), "{text}");
