@@ -846,6 +846,93 @@ fn node_plugin_mounts_and_flags_follow_the_values() -> Result<()> {
     Ok(())
 }
 
+/// Hardening as the reference CSI charts have it: the node DaemonSet rolls by a percentage,
+/// every pod runs on linux nodes, the operator and the plugin have critical priority classes
+/// (overridable), and SELinux options reach both node DaemonSets when set.
+#[test]
+fn pods_are_placed_prioritised_and_rolled_like_the_reference_charts() -> Result<()> {
+    let Some(helm) = helm("pods_are_placed_prioritised_and_rolled_like_the_reference_charts")
+    else {
+        return Ok(());
+    };
+    let docs = render(&helm, &[])?;
+    let node = daemonset(&docs)?;
+    let holder = holder_daemonset(&docs)?;
+    let deploy: Deployment = one(&docs, "Deployment")?;
+    let operator_pod = deploy.spec.as_ref().and_then(|s| s.template.spec.clone());
+    let operator_pod = operator_pod.context("operator pod")?;
+    let rolling = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.update_strategy.as_ref())
+        .and_then(|u| u.rolling_update.as_ref())
+        .and_then(|r| r.max_unavailable.clone());
+    assert_eq!(
+        rolling,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("10%".into()))
+    );
+    for (what, spec) in [
+        ("node", pod_spec(&node)),
+        ("fd holder", pod_spec(&holder)),
+        ("operator", &operator_pod),
+    ] {
+        let os = spec
+            .node_selector
+            .as_ref()
+            .and_then(|n| n.get("kubernetes.io/os"));
+        assert_eq!(os.map(String::as_str), Some("linux"), "{what}");
+        assert!(
+            spec.security_context
+                .as_ref()
+                .and_then(|c| c.se_linux_options.as_ref())
+                .is_none(),
+            "{what}: no SELinux options unless asked"
+        );
+    }
+    assert_eq!(
+        operator_pod.priority_class_name.as_deref(),
+        Some("system-cluster-critical")
+    );
+    assert_eq!(
+        pod_spec(&node).priority_class_name.as_deref(),
+        Some("system-node-critical")
+    );
+
+    let docs = render(
+        &helm,
+        &[
+            "node.seLinuxOptions.type=spc_t",
+            "operator.priorityClassName=platform-high",
+            "node.nodeSelector.kubernetes\\.io/os=null",
+        ],
+    )?;
+    for ds in [daemonset(&docs)?, holder_daemonset(&docs)?] {
+        let se = pod_spec(&ds)
+            .security_context
+            .as_ref()
+            .and_then(|c| c.se_linux_options.as_ref())
+            .and_then(|o| o.type_.clone());
+        assert_eq!(se.as_deref(), Some("spc_t"));
+        assert!(
+            pod_spec(&ds)
+                .node_selector
+                .as_ref()
+                .is_none_or(|n| !n.contains_key("kubernetes.io/os")),
+            "the os selector can be dropped"
+        );
+    }
+    let deploy: Deployment = one(&docs, "Deployment")?;
+    assert_eq!(
+        deploy
+            .spec
+            .and_then(|s| s.template.spec)
+            .and_then(|p| p.priority_class_name)
+            .as_deref(),
+        Some("platform-high")
+    );
+    Ok(())
+}
+
 #[test]
 fn operator_flags_follow_the_values() -> Result<()> {
     let Some(helm) = helm("operator_flags_follow_the_values") else {
@@ -949,6 +1036,17 @@ fn bad_values_fail_with_the_field_named() {
         ),
         (&["--set", "logging.format=xml"], "/logging/format"),
         (&["--set", "peer.uploadRate=100mbit"], "/peer/uploadRate"),
+        (
+            &[
+                "--set",
+                "node.updateStrategy.rollingUpdate.maxUnavailable=0%",
+            ],
+            "/node/updateStrategy/rollingUpdate/maxUnavailable",
+        ),
+        (
+            &["--set", "node.seLinuxOptions.typo=spc_t"],
+            "'typo' not allowed",
+        ),
         (
             &["--set-json", r#"commonLabels={"team":1}"#],
             "/commonLabels/team",
