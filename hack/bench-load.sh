@@ -15,7 +15,9 @@
 #   f-replay  a second node (fresh cache) that replays d's learned profile
 #   f-plain   that node without it (--no-learned-prefetch)
 #   odirect-* the O_DIRECT reader on local disk (a) and through the hydrated mount (c)
-#   c-cpu     CPU seconds (user + system) of c's serving process during c's load, and
+#   c-cpu     CPU seconds (user + system) of c's serving process from its start (the mount,
+#             whose checks of the copies found on disk start as it is set up) until c's load
+#             and every check have ended, and
 #   c-verify  the wall time of its checks of the hydrated files found on disk (summed over
 #             files; they run beside the load: `docs/mount.md`, "What is verified, per path")
 #
@@ -40,8 +42,9 @@ RUNS=${BENCH_RUNS:-3}
 LATENCY=${BENCH_LATENCY_MS:-25}
 CONCURRENCY=${BENCH_CONCURRENCY:-64}
 CASES=${BENCH_CASES:-all}
-# The serving processes log each check of a hydrated file (c-verify sums them).
-export SEALED_LOG=${SEALED_LOG:-warn,sealed_mount::verify=info}
+# The serving processes log each check of a hydrated file (c-verify sums them; debug: the
+# small ones too).
+export SEALED_LOG=${SEALED_LOG:-warn,sealed_mount::verify=debug}
 CSV=${BENCH_CSV:-$HACK_DIR/../docs/benchmarks/load.csv}
 PNG=${BENCH_PNG:-$HACK_DIR/../docs/benchmarks/load.png}
 BUCKET=load
@@ -141,8 +144,9 @@ elif mode == "odirect":
 print(f"{time.monotonic() - start:.3f} {n}")
 PY
 
-log "a $MIB MiB checkpoint in 4 safetensors shards"
-"$PY" "$W/load.py" make "$W/src" "$MIB" 4
+SHARDS=4
+log "a $MIB MiB checkpoint in $SHARDS safetensors shards"
+"$PY" "$W/load.py" make "$W/src" "$MIB" "$SHARDS"
 BYTES=$(du -cb "$W"/src/*.safetensors | tail -1 | cut -f1)
 export SEALED_STORE="file://$W/store"
 DIGEST=$("$SEALED" push "$W/src")
@@ -184,6 +188,9 @@ verify_s() {
   tail -n +"$2" "$W/log-$1" | grep 'cache copy verified' |
     sed -n 's/.*micros=\([0-9]*\).*/\1/p' | awk '{ t += $1 } END { printf "%.3f", t / 1e6 }'
 }
+# How many checks of hydrated files mount NAME logged since line FROM; done once every shard's.
+checks() { tail -n +"$2" "$W/log-$1" | grep -c 'cache copy verified' || true; }
+checks_done() { [[ $(checks "$1" "$2") -ge $SHARDS ]]; }
 fresh() { umount -l "$W/mnt-$1" 2>/dev/null || true; rm -rf --one-file-system "$W/cache-$1"; }
 
 # The parallel GET: every chunk object of the version, once, CONCURRENCY at once.
@@ -216,10 +223,16 @@ for run in $(seq "$RUNS"); do
 
   fresh b
   mount_at b file; drop_caches; row "$run" b "$(timed load "$W/mnt-b")"; umount_at b
-  mount_at b file; drop_caches
-  pid=$(server_pid b); cpu0=$(cpu_s "$pid"); log0=$(($(wc -l <"$W/log-b") + 1))
+  # The checks of the copies b left start while the mount is set up (`verify::walk_mount`):
+  # caches are dropped before mounting, and c-cpu counts the serving process from its start
+  # to the end of the last check, so no part of them falls outside the window.
+  log0=$(($(wc -l <"$W/log-b") + 1)); drop_caches
+  mount_at b file
+  pid=$(server_pid b)
   row "$run" c "$(timed load "$W/mnt-b")"
-  row "$run" c-cpu "$(awk -v a="$cpu0" -v z="$(cpu_s "$pid")" 'BEGIN { printf "%.3f", z - a }')"
+  wait_for "c's checks of the $SHARDS shards" 60 checks_done b "$log0" ||
+    die "c checked $(checks b "$log0") of $SHARDS hydrated shards"
+  row "$run" c-cpu "$(cpu_s "$pid")"
   row "$run" c-verify "$(verify_s b "$log0")"
   row "$run" c-reread "$(timed load "$W/mnt-b")"
   row "$run" a-reread "$(timed load "$W/src")"
