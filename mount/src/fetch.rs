@@ -277,6 +277,39 @@ impl NodeCache {
         self.checked_len(chunk, data)
     }
 
+    /// Warming (the node plugin's `spec.warm`): the chunk verified from the origin into the
+    /// disk cache, evicting only entries unused for `spare_recent`; whether it is on disk now
+    /// (false: no room without pushing out what was used recently). Not through the flights
+    /// readers share, whose disk writes evict by plain LRU: a chunk a reader is fetching at
+    /// the same moment may come from the store twice.
+    pub async fn warm_chunk(
+        &self,
+        store: &ChunkStore,
+        chunk: &ChunkRef,
+        spare_recent: Duration,
+    ) -> Result<bool, FetchError> {
+        if !self.has_disk() {
+            return Ok(false);
+        }
+        if self.on_disk(&chunk.digest) {
+            return Ok(true);
+        }
+        let data = self.fetch_from_store(store, &chunk.digest).await?;
+        let data = self.checked_len(chunk, data)?;
+        let (this, digest) = (self.clone(), chunk.digest);
+        tokio::task::spawn_blocking(move || {
+            this.inner
+                .disk
+                .as_ref()
+                .is_some_and(|d| d.put_sparing(&digest, &data, Some(spare_recent)))
+        })
+        .await
+        .map_err(|e| FetchError::Internal {
+            digest,
+            reason: format!("the disk write stopped: {e}"),
+        })
+    }
+
     /// The disk tier, if this cache has one (hydrated files live there).
     pub(crate) fn disk(&self) -> Option<&DiskCache> {
         self.inner.disk.as_ref()

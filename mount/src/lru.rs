@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
+use std::time::Instant;
 
 #[cfg(test)]
 use sealed_store::Digest;
@@ -11,6 +12,8 @@ struct Slot<V> {
     value: V,
     len: u64,
     tick: u64,
+    /// When it was last stored or looked up (warming spares recently used entries).
+    used: Instant,
 }
 
 pub(crate) struct LruIndex<K, V> {
@@ -54,6 +57,7 @@ impl<K: Copy + Eq + Hash, V> LruIndex<K, V> {
         let slot = self.entries.get_mut(digest)?;
         self.order.remove(&slot.tick);
         slot.tick = tick;
+        slot.used = Instant::now();
         self.order.insert(tick, *digest);
         Some(&slot.value)
     }
@@ -75,6 +79,18 @@ impl<K: Copy + Eq + Hash, V> LruIndex<K, V> {
         len: u64,
         pinned: impl Fn(&K) -> bool,
     ) -> Inserted<K, V> {
+        self.insert_sparing(digest, value, len, |k, _| pinned(k))
+    }
+
+    /// [`LruIndex::insert`], never evicting an entry for which `spare(key, last used)` is
+    /// true: if the others cannot make room, nothing is evicted and the entry is `TooLarge`.
+    pub fn insert_sparing(
+        &mut self,
+        digest: K,
+        value: V,
+        len: u64,
+        spare: impl Fn(&K, Instant) -> bool,
+    ) -> Inserted<K, V> {
         if self.get(&digest).is_some() {
             return Inserted::Present;
         }
@@ -88,10 +104,10 @@ impl<K: Copy + Eq + Hash, V> LruIndex<K, V> {
             if self.bytes - freed + len <= self.capacity {
                 break;
             }
-            if pinned(key) {
-                continue;
-            }
             if let Some(slot) = self.entries.get(key) {
+                if spare(key, slot.used) {
+                    continue;
+                }
                 freed += slot.len;
                 victims.push(tick);
             }
@@ -111,7 +127,15 @@ impl<K: Copy + Eq + Hash, V> LruIndex<K, V> {
         }
         let tick = self.next_tick();
         self.order.insert(tick, digest);
-        self.entries.insert(digest, Slot { value, len, tick });
+        self.entries.insert(
+            digest,
+            Slot {
+                value,
+                len,
+                tick,
+                used: Instant::now(),
+            },
+        );
         self.bytes += len;
         Inserted::Stored(evicted)
     }

@@ -36,7 +36,7 @@ use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -263,10 +263,23 @@ impl DiskCache {
 
     /// Inserts `key`, evicting unpinned entries to make room; false if there is no room.
     fn reserve(&self, key: Key, held: Held, len: u64) -> Result<bool, ()> {
+        self.reserve_sparing(key, held, len, None)
+    }
+
+    /// [`DiskCache::reserve`], evicting only entries unused for `spare_recent` if given.
+    fn reserve_sparing(
+        &self,
+        key: Key,
+        held: Held,
+        len: u64,
+        spare_recent: Option<Duration>,
+    ) -> Result<bool, ()> {
         let outcome = {
             let mut index = self.index.lock();
             let pins = self.pins.lock();
-            index.insert_unless(key, held, len, |k| pins.contains_key(k))
+            index.insert_sparing(key, held, len, |k, used| {
+                pins.contains_key(k) || spare_recent.is_some_and(|w| used.elapsed() < w)
+            })
         };
         match outcome {
             Inserted::Present => Err(()),
@@ -374,23 +387,41 @@ impl DiskCache {
 
     /// Keeps a chunk the caller has verified, evicting to stay within the bound. Blocking I/O.
     pub fn put(&self, digest: &Digest, data: &Bytes) {
+        self.put_sparing(digest, data, None);
+    }
+
+    /// [`DiskCache::put`] that evicts no entry used within `spare_recent` (warming a
+    /// version must not push out what readers use); whether the chunk is in the cache now.
+    pub fn put_sparing(
+        &self,
+        digest: &Digest,
+        data: &Bytes,
+        spare_recent: Option<Duration>,
+    ) -> bool {
         let _writer = self.writer.lock();
         if self.located.lock().contains_key(digest) {
-            return;
+            return true;
         }
-        match self.reserve(
+        match self.reserve_sparing(
             Key::Chunk(*digest),
             Held::Chunk { verified: true },
             data.len() as u64,
+            spare_recent,
         ) {
             Ok(true) => {}
-            Ok(false) | Err(()) => return,
+            Ok(false) => return false,
+            Err(()) => return true,
         }
-        if let Err(e) = self.write(digest, data) {
-            tracing::warn!(%digest, error = %e, "cannot write chunk to the disk cache");
-            self.index.lock().remove(&Key::Chunk(*digest));
-        }
+        let written = match self.write(digest, data) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(%digest, error = %e, "cannot write chunk to the disk cache");
+                self.index.lock().remove(&Key::Chunk(*digest));
+                false
+            }
+        };
         self.publish();
+        written
     }
 
     /// True if the chunk can be read from this tier (its own file or an assembled one).
