@@ -8,7 +8,7 @@ use clap::{Args, ValueEnum};
 use sealed_service::store_args::{self, MAX_RETRIES, MAX_TIMEOUT_SECS, env as store_env};
 use sealed_store::{ChunkStore, Digest, StoreOptions};
 
-use crate::errors::NotFoundError;
+use crate::errors::{NotFoundError, UsageError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum OutputFormat {
@@ -31,7 +31,8 @@ impl OutputFormat {
 
 #[derive(Args, Debug)]
 pub struct GlobalArgs {
-    /// Store URL: file:///dir, s3://bucket/prefix, gs://bucket/prefix, az://container/prefix
+    /// Store URL: file:///dir, s3://bucket/prefix, gs://bucket/prefix, az://container/prefix,
+    /// or a plain directory path (/srv/models, ./store: the file store there)
     #[arg(long, global = true, env = store_env::STORE)]
     pub store: Option<String>,
     /// Endpoint of an S3-compatible server (MinIO, R2, CoreWeave) or an Azure emulator:
@@ -78,7 +79,9 @@ impl Context {
         // An empty SEALED_STORE means "the default", as an unset one does.
         let store = args.store.filter(|s| !s.is_empty());
         let default_store = store.is_none();
-        let store_url = store.unwrap_or_else(ChunkStore::default_url);
+        let store_url = store
+            .map(|s| store_url_from_arg(&s))
+            .unwrap_or_else(ChunkStore::default_url);
         let store_options = StoreOptions {
             // An empty SEALED_STORE_ENDPOINT means none, as an unset one does.
             endpoint: args.endpoint.filter(|s| !s.is_empty()),
@@ -129,6 +132,29 @@ impl Context {
     }
 }
 
+/// A `--store` as users write it: a URL, or a plain directory path taken as the file store
+/// there (`/srv/models` is `file:///srv/models`, `./store` is made absolute). A value with a
+/// `:` before its first `/` (`s3:/bucket`, `c:...`) is left to the URL parser, so a mistyped
+/// scheme is an error rather than a local directory of that name.
+pub fn store_url_from_arg(arg: &str) -> String {
+    let first_colon = arg.find(':');
+    let first_slash = arg.find('/');
+    let is_path = match (first_colon, first_slash) {
+        (None, _) => true,
+        (Some(c), Some(s)) => s < c,
+        (Some(_), None) => false,
+    };
+    if !is_path {
+        return arg.to_owned();
+    }
+    // `absolute` only reads the working directory; without one the path is left as given and
+    // the store refuses it with a message naming it.
+    std::path::absolute(arg)
+        .ok()
+        .and_then(|p| url::Url::from_file_path(p).ok())
+        .map_or_else(|| arg.to_owned(), String::from)
+}
+
 /// Logs on stderr: warnings by default, `-v` info, `-vv` debug; `SEALED_LOG` overrides.
 pub fn init_logging(verbose: u8) {
     sealed_service::logging::init(sealed_service::logging::verbosity("warn", verbose), false);
@@ -155,11 +181,11 @@ fn parse_digest_arg(arg: &str) -> anyhow::Result<DigestArg> {
     crate::commands::parse_digest(arg)
         .map(DigestArg::Full)
         .with_context(|| {
-            format!(
+            UsageError(format!(
                 "argument '{}' is neither a digest nor a short one (at least \
                  {MIN_SHORT_DIGEST} hex digits: blake3:8f3a1c2d)",
                 arg.chars().take(100).collect::<String>()
-            )
+            ))
         })
 }
 

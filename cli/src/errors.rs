@@ -33,7 +33,7 @@ impl Failure {
 pub const EXIT_CODES_HELP: &str = "Exit codes:
   0  success
   1  any other failure
-  2  usage: a wrong command line, store URL or endpoint
+  2  usage: a wrong command line, digest, store URL or endpoint
   3  the version is corrupt or incomplete (verify found missing or bad chunks; pull read bad bytes)
   4  not found: the version, volume or store does not exist
   5  the store is unreachable, timed out, or refused the credentials";
@@ -86,6 +86,10 @@ pub fn chain_once(err: &anyhow::Error) -> Vec<String> {
 
 /// Which kind of failure `err` is: the first level of its chain that says.
 pub fn classify(err: &anyhow::Error) -> Failure {
+    // A context, which the chain's levels do not downcast to; anyhow's own downcast does.
+    if err.downcast_ref::<UsageError>().is_some() {
+        return Failure::Usage;
+    }
     for cause in err.chain() {
         if let Some(kind) = cause.downcast_ref::<StoreError>().and_then(classify_store) {
             return kind;
@@ -182,6 +186,12 @@ fn refused_credentials(msg: &str) -> bool {
 #[error("{0}")]
 pub struct NotFoundError(pub String);
 
+/// A command-line argument the CLI itself finds wrong (a malformed digest), for [`classify`]:
+/// exit 2, as clap's own checks.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
 /// What to do, when the messages do not already say.
 fn hint(kind: Failure, lines: &[String]) -> Option<&'static str> {
     let all = lines.join("\n");
@@ -201,6 +211,10 @@ fn hint(kind: Failure, lines: &[String]) -> Option<&'static str> {
         Failure::StoreUnavailable => Some(
             "check the store URL and endpoint (--store, --endpoint, SEALED_STORE_ENDPOINT, \
              AWS_ENDPOINT_URL) and that the server is up; --timeout and --retries bound the wait",
+        ),
+        Failure::Usage if all.contains("invalid store URL") => Some(
+            "write the store as s3://bucket/prefix, gs://bucket/prefix, az://container/prefix, \
+             file:///dir, or a plain directory path (/srv/models)",
         ),
         Failure::Corrupt => Some(
             "the version in the store is damaged: push it again from its source (chunks are \
@@ -249,5 +263,9 @@ mod tests {
         let e = anyhow::anyhow!("Server returned non-2xx status code: 403 Forbidden");
         assert_eq!(classify(&e), Failure::StoreUnavailable);
         assert_eq!(classify(&anyhow::anyhow!("bad flag")), Failure::Other);
+        let e = crate::commands::parse_digest("blake3:1234")
+            .unwrap_err()
+            .context("cannot inspect");
+        assert_eq!(classify(&e), Failure::Usage);
     }
 }

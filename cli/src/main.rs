@@ -66,7 +66,7 @@ enum Command {
 
 const STORE_HELP: &str = "The store defaults to a local directory \
     (~/.local/share/sealed-volumes/store); set --store or SEALED_STORE for s3://, gs://, az:// \
-    or file:// stores.";
+    or file:// stores, or to a plain directory path (/srv/models).";
 
 /// The command line, with the exit-code table under `--help`.
 fn cli_command() -> clap::Command {

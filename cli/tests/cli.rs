@@ -259,13 +259,31 @@ fn corrupt_and_garbage_manifests_are_reported() {
     assert!(!env.path("o").exists());
 }
 
+/// A non-empty destination is resumed into (cli/tests/papercuts.rs); only an entry the
+/// version cannot take the place of is refused, by name, and nothing is written.
 #[test]
-fn pull_refuses_a_non_empty_destination() {
+fn pull_into_a_non_empty_destination_keeps_what_matches() {
     let env = Env::new();
     let src = env.sample();
     let (_, digest, _) = env.run(&["push", src.to_str().unwrap()]);
+    // Into the tree it was pushed from: every file already matches.
     let (ok, _, err) = env.run(&["pull", digest.trim(), src.to_str().unwrap()]);
-    assert!(!ok && err.contains("not empty"), "{err}");
+    assert!(
+        ok && err.contains("(2 files, ") && err.contains("already there and verified"),
+        "{err}"
+    );
+    // A directory where the version has a file is not removed.
+    std::fs::remove_file(src.join("weights.bin")).unwrap();
+    std::fs::create_dir(src.join("weights.bin")).unwrap();
+    let (ok, _, err) = env.run(&["pull", digest.trim(), src.to_str().unwrap()]);
+    assert!(!ok && err.contains("weights.bin"), "{err}");
+    assert!(src.join("weights.bin").is_dir());
+    assert!(!std::fs::read_dir(&src).unwrap().any(|e| {
+        e.unwrap()
+            .file_name()
+            .to_string_lossy()
+            .contains("sealed-partial")
+    }));
 }
 
 /// A reader that stops early (`sealed ... | head`) ends the command quietly, without a panic.

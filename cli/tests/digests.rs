@@ -92,8 +92,8 @@ fn unknown_ambiguous_and_too_short_prefixes_are_refused() {
     assert_eq!(code, Some(3), "{err}");
     assert!(err.contains(&one), "{err}");
 
-    // Under 8 digits is not a digest at all.
+    // Under 8 digits is not a digest at all: a usage error.
     let (code, err) = env.code(&["inspect", "blake3:abcdef0"]);
-    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("at least 8 hex digits"), "{err}");
 }

@@ -95,7 +95,8 @@ impl PathFilter {
         })
     }
 
-    fn is_active(&self) -> bool {
+    /// Whether any glob was given (without one every path is kept).
+    pub fn is_active(&self) -> bool {
         self.include.is_some() || self.exclude.is_some()
     }
 

@@ -146,7 +146,10 @@ async fn chunks_in_flight_never_exceed_the_bound_across_files() {
     let work = tempfile::tempdir().unwrap();
     let (gauge, store, digest) = fixture(work.path()).await;
     let out = work.path().join("out");
-    let opts = PullOptions { concurrency: 3 };
+    let opts = PullOptions {
+        concurrency: 3,
+        ..Default::default()
+    };
     tokio::time::timeout(
         Duration::from_secs(60),
         pull(&store, &digest, &out, &opts, Arc::new(NoProgress)),
@@ -169,7 +172,10 @@ async fn one_large_file_gets_the_whole_bound() {
         &store,
         &digest,
         &out,
-        &PullOptions { concurrency: 20 },
+        &PullOptions {
+            concurrency: 20,
+            ..Default::default()
+        },
         Arc::new(NoProgress),
     )
     .await

@@ -2,7 +2,8 @@ use std::collections::HashMap;
 use std::process::ExitCode;
 
 use clap::Args;
-use sealed_store::{Digest, EntryKind};
+use futures::{StreamExt, TryStreamExt};
+use sealed_store::{Digest, EntryKind, Manifest};
 
 use crate::context::Context;
 use crate::output::{bytes, print_json};
@@ -13,6 +14,10 @@ pub struct LsArgs {
     #[arg(long)]
     pub volume: Option<String>,
 }
+
+/// Manifest GETs in flight at once: enough to hide an object store's round trip, few enough
+/// not to look like a burst to a rate-limited bucket.
+const MANIFESTS_AT_ONCE: usize = 16;
 
 #[derive(serde::Serialize)]
 struct Row {
@@ -34,7 +39,7 @@ pub async fn run(ctx: &Context, args: LsArgs) -> anyhow::Result<ExitCode> {
     for r in store.list_volume_records().await? {
         volumes.entry(r.digest).or_default().push(r.volume);
     }
-    let mut rows = Vec::new();
+    let mut listed = Vec::new();
     for v in store.list_versions().await? {
         let vols = volumes.remove(&v.digest).unwrap_or_default();
         if let Some(want) = &args.volume
@@ -42,22 +47,21 @@ pub async fn run(ctx: &Context, args: LsArgs) -> anyhow::Result<ExitCode> {
         {
             continue;
         }
-        let m = store.get_manifest(&v.digest).await?;
-        let unique = m.unique_chunks();
-        let count =
-            |kind: fn(&EntryKind) -> bool| m.entries.iter().filter(|e| kind(&e.kind)).count();
-        rows.push(Row {
-            digest: v.digest,
-            bytes: m.total_size(),
-            files: m.files().count() as u64,
-            directories: count(|k| matches!(k, EntryKind::Dir)) as u64,
-            symlinks: count(|k| matches!(k, EntryKind::Symlink { .. })) as u64,
-            unique_chunks: unique.len() as u64,
-            unique_bytes: unique.iter().map(|c| u64::from(c.len)).sum(),
-            stored_at: v.stored_at.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
-            volumes: vols,
-        });
+        listed.push((v, vols));
     }
+    // One GET per version: several in flight (a round trip each on S3), in listing order.
+    let rows: Vec<Row> = futures::stream::iter(listed)
+        .map(|(v, vols)| {
+            let store = &store;
+            async move {
+                let m = store.get_manifest(&v.digest).await?;
+                let stored_at = v.stored_at.format("%Y-%m-%dT%H:%M:%SZ").to_string();
+                Ok::<_, anyhow::Error>(row(v.digest, &m, stored_at, vols))
+            }
+        })
+        .buffered(MANIFESTS_AT_ONCE)
+        .try_collect()
+        .await?;
     if ctx.json() {
         print_json(&rows)?;
         return Ok(ExitCode::SUCCESS);
@@ -81,6 +85,22 @@ pub async fn run(ctx: &Context, args: LsArgs) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn row(digest: Digest, m: &Manifest, stored_at: String, volumes: Vec<String>) -> Row {
+    let unique = m.unique_chunks();
+    let count = |kind: fn(&EntryKind) -> bool| m.entries.iter().filter(|e| kind(&e.kind)).count();
+    Row {
+        digest,
+        bytes: m.total_size(),
+        files: m.files().count() as u64,
+        directories: count(|k| matches!(k, EntryKind::Dir)) as u64,
+        symlinks: count(|k| matches!(k, EntryKind::Symlink { .. })) as u64,
+        unique_chunks: unique.len() as u64,
+        unique_bytes: unique.iter().map(|c| u64::from(c.len)).sum(),
+        stored_at,
+        volumes,
+    }
 }
 
 /// `-o wide`: directories, symlinks and the distinct chunks too.

@@ -17,7 +17,8 @@ pub mod verify;
 use anyhow::Context as _;
 use sealed_store::Digest;
 
-/// Parses a digest argument with a message that names the argument.
+/// Parses a digest argument with a message that names the argument; a malformed one is a
+/// usage error (exit 2).
 pub fn parse_digest(arg: &str) -> anyhow::Result<Digest> {
-    Digest::parse(arg).with_context(|| format!("argument '{arg}'"))
+    Digest::parse(arg).with_context(|| crate::errors::UsageError(format!("argument '{arg}'")))
 }
