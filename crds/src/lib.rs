@@ -15,6 +15,7 @@ pub mod schema;
 pub mod validate;
 pub mod version;
 pub mod volume;
+pub mod warming;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;

@@ -206,6 +206,23 @@ struct Args {
     /// connection to the peer or metrics port is closed
     #[arg(long, default_value_t = 120_000, value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
     connection_idle_timeout_ms: u64,
+    /// Which namespaces' versions this node warms (spec.warm): off, all, or labelled (those
+    /// with --warming-namespace-label)
+    #[arg(long, env = "SEALED_WARMING", default_value = "off")]
+    warming: String,
+    /// The label (KEY=VALUE) of namespaces allowed to warm, with --warming labelled
+    #[arg(long, env = "SEALED_WARMING_NAMESPACE_LABEL", default_value = sealed_crds::warming::DEFAULT_NAMESPACE_LABEL)]
+    warming_namespace_label: String,
+    /// Percent of the disk cache one warmed version may take
+    #[arg(long, default_value_t = 25, value_parser = clap::value_parser!(u8).range(1..=100))]
+    warm_cache_share: u8,
+    /// Seconds: warming evicts no cache entry used within this long (a cache full of such
+    /// entries ends a warm early)
+    #[arg(long, default_value_t = 3600, value_parser = clap::value_parser!(u64).range(0..=604_800))]
+    warm_spare_recent_secs: u64,
+    /// Bytes per second all warming on this node fetches from the store (e.g. 32Mi); 0: no bound
+    #[arg(long, default_value = "32Mi", value_parser = parse_size)]
+    warm_rate: u64,
     /// Log more (-v info, -vv debug); SEALED_LOG overrides
     #[arg(long, short = 'v', action = clap::ArgAction::Count)]
     verbose: u8,
@@ -252,7 +269,12 @@ fn peer_config(args: &Args) -> anyhow::Result<Option<PeerConfig>> {
             .peer_advertise
             .clone()
             .unwrap_or_else(|| listen.to_string()),
-        token_file: args.peer_token_file.clone(),
+        files: sealed_peer::PeerFiles::new(
+            &args.peer_token_file,
+            args.peer_tls_cert.as_deref(),
+            args.peer_tls_key.as_deref(),
+            args.peer_tls_ca.as_deref(),
+        ),
         members,
         request_timeout: Duration::from_millis(args.peer_timeout_ms),
         fanout: usize::try_from(args.peer_fanout).unwrap_or(usize::MAX),
@@ -281,21 +303,27 @@ fn connection_limits(
     max: u64,
     per_source: u64,
 ) -> sealed_service::listen::ConnLimits {
-    let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
-    let header = Duration::from_millis(args.connection_header_timeout_ms);
-    sealed_service::listen::ConnLimits {
-        max_connections: count(max),
-        max_per_source: count(per_source),
-        header_timeout: header,
-        idle_timeout: Duration::from_millis(args.connection_idle_timeout_ms),
-        handshake_timeout: header,
-        ..defaults
-    }
+    defaults.with_flags(
+        max,
+        per_source,
+        args.connection_header_timeout_ms,
+        args.connection_idle_timeout_ms,
+    )
 }
 
 /// The library's configuration from the flags.
 fn plugin_config(args: Args) -> anyhow::Result<PluginConfig> {
     let peer = peer_config(&args)?;
+    let warm = sealed_csi::warm::WarmSettings {
+        policy: sealed_crds::warming::WarmingPolicy::parse(
+            &args.warming,
+            &args.warming_namespace_label,
+        )
+        .map_err(anyhow::Error::msg)?,
+        cache_share: args.warm_cache_share,
+        spare_recent: Duration::from_secs(args.warm_spare_recent_secs),
+        rate: args.warm_rate,
+    };
     let metrics_limits = connection_limits(
         &args,
         sealed_service::listen::ConnLimits::metrics(),
@@ -372,6 +400,7 @@ fn plugin_config(args: Args) -> anyhow::Result<PluginConfig> {
         metrics_addr: args.metrics_addr,
         metrics_limits,
         peer,
+        warm,
     })
 }
 

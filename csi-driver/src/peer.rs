@@ -4,7 +4,6 @@
 //! chunk bytes only.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,7 +23,8 @@ pub struct PeerConfig {
     pub listen: SocketAddr,
     /// This node as the others list it: `<pod IP>:<port>` (the chart passes the pod IP).
     pub advertise: String,
-    pub token_file: PathBuf,
+    /// The token file and the TLS files, re-read while the plugin runs (rotation).
+    pub files: sealed_peer::PeerFiles,
     pub members: PeerMembers,
     pub request_timeout: Duration,
     pub fanout: usize,
@@ -54,7 +54,7 @@ pub async fn start(
     cache: &NodeCache,
     store: ChunkStore,
 ) -> anyhow::Result<PeerNode> {
-    let token = PeerToken::from_file(&config.token_file)?;
+    let token = PeerToken::from_file(&config.files.token)?;
     membership::check_addr(&config.advertise).context("--peer-advertise")?;
     let mut options = PeerOptions::new(config.listen, config.advertise.clone(), token);
     options.set_request_timeout(config.request_timeout);
@@ -62,6 +62,7 @@ pub async fn start(
     options.upload_rate = config.upload_rate;
     options.tls = config.tls.clone();
     options.limits = config.limits.clone();
+    options.files = Some(config.files.clone());
     let members: Membership = match &config.members {
         PeerMembers::Fixed(addrs) => membership::fixed(addrs.clone(), options.fanout),
         PeerMembers::Service {

@@ -46,6 +46,8 @@ pub struct PluginConfig {
     pub metrics_limits: sealed_service::listen::ConnLimits,
     /// The peer tier (docs/peer.md); off when `None`.
     pub peer: Option<crate::peer::PeerConfig>,
+    /// What warming (`spec.warm`) may do on this node.
+    pub warm: crate::warm::WarmSettings,
 }
 
 /// How the plugin uses the API server.

@@ -2,8 +2,11 @@
 //! real `sealed-csi` processes in API-server mode against the test cluster's API server, as
 //! peers of each other (a fixed list): a version made by the operator with the warm count 2
 //! is fetched into exactly two plugins' disk caches (every chunk), the third fetches nothing,
-//! and each of the two records a `Warmed` Event on the version. A plugin restarted on its
-//! cache finds the version warm and records no second Event.
+//! and each of the two records a `Warmed` Event on the version. The plugins allow warming
+//! only in labelled namespaces (`--warming=labelled`): before the namespace is labelled the
+//! two picked plugins fetch nothing and say why (`WarmNotAllowed` Events). A plugin
+//! restarted after its cache lost the version's chunks does not warm it again (its state
+//! directory records it) and records no second Event.
 //!
 //! Skipped (with a notice) unless `SEALED_E2E_CLUSTER=1`. It connects to the running
 //! cluster (`KUBECONFIG`, else the cluster's own kubeconfig) and never starts or stops it.
@@ -45,6 +48,15 @@ fn cached_chunks(cache: &Path) -> Vec<String> {
 }
 
 async fn warmed_events(client: &Client, ns: &str, version: &str) -> Result<Vec<Event>> {
+    events_of(client, ns, version, &["Warmed", "WarmFailed"]).await
+}
+
+async fn events_of(
+    client: &Client,
+    ns: &str,
+    version: &str,
+    reasons: &[&str],
+) -> Result<Vec<Event>> {
     Ok(Api::<Event>::namespaced(client.clone(), ns)
         .list(&ListParams::default())
         .await?
@@ -52,7 +64,7 @@ async fn warmed_events(client: &Client, ns: &str, version: &str) -> Result<Vec<E
         .into_iter()
         .filter(|e| {
             e.involved_object.name.as_deref() == Some(version)
-                && matches!(e.reason.as_deref(), Some("Warmed" | "WarmFailed"))
+                && e.reason.as_deref().is_some_and(|r| reasons.contains(&r))
         })
         .collect())
 }
@@ -147,6 +159,7 @@ async fn run(cluster: &sealed_e2e::Cluster, ns: &str, names: &[String]) -> Resul
             format!("--peer-listen={peer}"),
             format!("--peers={list}"),
             format!("--peer-token-file={}", token.display()),
+            "--warming=labelled".into(),
         ]
     };
     let mut plugins: Vec<Plugin> = peers
@@ -193,6 +206,56 @@ async fn run(cluster: &sealed_e2e::Cluster, ns: &str, names: &[String]) -> Resul
             .collect::<Vec<_>>()
             .join("\n----\n")
     };
+    // The namespace is not labelled: the picked plugins refuse, say so, and fetch nothing.
+    let waited = sealed_e2e::wait_for("two WarmNotAllowed events", Duration::from_secs(60), || {
+        let client = client.clone();
+        let version_name = version_name.clone();
+        async move {
+            let events = events_of(&client, ns, &version_name, &["WarmNotAllowed"]).await?;
+            Ok(events.len() >= 2)
+        }
+    })
+    .await;
+    if let Err(e) = waited {
+        eprintln!("plugin logs:\n{}", logs(&plugins));
+        return Err(e);
+    }
+    let refused = events_of(&client, ns, &version_name, &["WarmNotAllowed"]).await?;
+    ensure!(
+        refused.iter().all(|e| e
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("sealedvolumes.io/warming=allowed"))),
+        "the refusal does not say which label allows warming: {refused:?}"
+    );
+    ensure!(warmed_events(&client, ns, &version_name).await?.is_empty());
+    for (i, plugin) in plugins.iter().enumerate() {
+        let cached = cached_chunks(&plugin.dir.path().join("cache"));
+        ensure!(
+            cached.is_empty(),
+            "plugin {i} warmed a refused version: {} chunks",
+            cached.len()
+        );
+    }
+    // The admin allows the namespace; a change to the version has the plugins look again.
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .patch(
+            ns,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {
+                "sealedvolumes.io/warming": "allowed"
+            }}})),
+        )
+        .await?;
+    Api::<SealedVolumeVersion>::namespaced(client.clone(), ns)
+        .patch(
+            &version_name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                "test/allowed": "now"
+            }}})),
+        )
+        .await?;
     let waited = sealed_e2e::wait_for("two Warmed events", Duration::from_secs(90), || {
         let client = client.clone();
         let version_name = version_name.clone();
@@ -253,9 +316,13 @@ async fn run(cluster: &sealed_e2e::Cluster, ns: &str, names: &[String]) -> Resul
         }
     }
 
-    // Restart-safe: a picked plugin restarted on its cache finds the version there.
+    // Restart-safe: a picked plugin restarted after its cache lost the version (evicted,
+    // say) does not warm it again: its state directory records the version as warmed.
     let first = picked.iter().position(|p| *p).context("a picked plugin")?;
     let dir = plugins.remove(first).terminate();
+    for sub in ["chunks", "files"] {
+        let _ = std::fs::remove_dir_all(dir.path().join("cache").join(sub));
+    }
     let flags = flags(&peers[first]);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let restarted =
@@ -265,10 +332,19 @@ async fn run(cluster: &sealed_e2e::Cluster, ns: &str, names: &[String]) -> Resul
         Duration::from_secs(30),
         || {
             let log = restarted.log();
-            async move { Ok(log.contains("version already warm")) }
+            async move { Ok(log.contains("recorded as warmed here")) }
         },
     )
     .await;
+    // A warm pass runs at start and on every membership change: give it time to (not) act.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let cached = cached_chunks(&restarted.dir.path().join("cache"));
+    ensure!(
+        cached.is_empty(),
+        "the restarted plugin warmed the version again: {} chunks\n{}",
+        cached.len(),
+        restarted.log()
+    );
     if let Err(e) = waited {
         eprintln!("restarted plugin log:\n{}", restarted.log());
         return Err(e);

@@ -481,9 +481,17 @@ fn rbac_is_least_privilege() -> Result<()> {
             assert!(rule.non_resource_urls.is_none(), "{role}: {rule:?}");
         }
         let roles: BTreeSet<&str> = rules.iter().map(|(name, _)| name.as_str()).collect();
+        // With the peer tier (on by default) the plugins read their EndpointSlices.
         assert_eq!(
             roles,
-            [OPERATOR, OPERATOR_NS, NODE, NODE_NS].into(),
+            [
+                OPERATOR,
+                OPERATOR_NS,
+                NODE,
+                NODE_NS,
+                "Role sv-sealed-volumes-peers"
+            ]
+            .into(),
             "{executor}"
         );
         for doc in of_kind(&docs, "Role") {
@@ -492,12 +500,31 @@ fn rbac_is_least_privilege() -> Result<()> {
         }
 
         // Secrets are never listed or watched: the operator gets the ones a source names;
-        // with Jobs it also creates each sync's credentials copy in its own namespace.
+        // with Jobs it also creates each sync's credentials copy in its own namespace; it
+        // updates only the certificates it renews, each by name.
         let secrets = grants(&rules, "", "secrets");
         assert!(
-            secrets.iter().all(|v| v == "get" || v == "create"),
+            secrets
+                .iter()
+                .all(|v| v == "get" || v == "create" || v == "update"),
             "secrets: {secrets:?}"
         );
+        for (role, rule) in &rules {
+            if rule.resources.iter().flatten().any(|r| r == "secrets")
+                && rule.verbs.iter().any(|v| v == "update")
+            {
+                let names = rule.resource_names.clone().unwrap_or_default();
+                assert!(
+                    names.len() == 1
+                        && [
+                            "sv-sealed-volumes-peer-tls",
+                            "sv-sealed-volumes-webhook-tls"
+                        ]
+                        .contains(&names[0].as_str()),
+                    "{role} updates Secrets beyond the certificates it renews: {rule:?}"
+                );
+            }
+        }
         let expect = |role: &str, resource: &str, verbs: &[&str]| {
             let want: BTreeSet<String> = verbs.iter().map(|v| v.to_string()).collect();
             assert_eq!(
@@ -535,8 +562,9 @@ fn rbac_is_least_privilege() -> Result<()> {
             "leases",
             &["get", "list", "watch", "create", "update", "patch"],
         );
-        // The attestation key (made on first start), and with Jobs their credentials copies.
-        expect(OPERATOR_NS, "secrets", &["create"]);
+        // The attestation key and the peer tier's token and CA (made on first start), with
+        // Jobs their credentials copies, and the renewed fleet certificate.
+        expect(OPERATOR_NS, "secrets", &["create", "update"]);
         // The node plugin (docs/csi.md): exactly what kube_access.rs calls.
         expect(NODE, "nodes", &["get"]);
         expect(NODE, "sealedvolumeversions", &["list", "watch"]);
@@ -1538,30 +1566,63 @@ fn alert_rules_dashboard_and_relabelings_render_and_pass_promtool() -> Result<()
 }
 
 #[test]
-fn peer_tls_renders_a_certificate_the_plugin_accepts_for_the_fleet_name() -> Result<()> {
-    let Some(helm) = helm("peer_tls_renders_a_certificate_the_plugin_accepts_for_the_fleet_name")
+fn peer_tls_is_on_by_default_and_its_secrets_are_the_operators_not_the_renders() -> Result<()> {
+    let Some(helm) =
+        helm("peer_tls_is_on_by_default_and_its_secrets_are_the_operators_not_the_renders")
     else {
         return Ok(());
     };
-    let secret_name = "sv-sealed-volumes-peer-tls";
-    // Off by default: no flags, no Secret, no volume.
-    let docs = render(&helm, &["peer.enabled=true"])?;
-    let plugin = container(pod_spec(&daemonset(&docs)?), "plugin").clone();
-    assert_eq!(flag(&plugin, "--peer-tls-cert"), None);
-    assert!(
-        of_kind(&docs, "Secret")
-            .iter()
-            .all(|s| s["metadata"]["name"] != secret_name)
+    let (token_name, tls_name) = ("sv-sealed-volumes-peer-token", "sv-sealed-volumes-peer-tls");
+    let operator_container = |docs: &[Value]| -> Result<Container> {
+        let deploy: Deployment = one(docs, "Deployment")?;
+        let spec = deploy
+            .spec
+            .and_then(|s| s.template.spec)
+            .context("no operator pod spec")?;
+        Ok(spec.containers[0].clone())
+    };
+    // The defaults: the peer tier with mTLS; the Secrets are made by the operator (flags),
+    // none is rendered, and two renders are the same (no random material in the chart).
+    let docs = render(&helm, &["peer.tls.name=fleet-a"])?;
+    assert_eq!(
+        docs,
+        render(&helm, &["peer.tls.name=fleet-a"])?,
+        "two renders differ"
     );
-
-    let docs = render(
-        &helm,
-        &[
-            "peer.enabled=true",
-            "peer.tls.enabled=true",
-            "peer.tls.name=fleet-a",
-        ],
-    )?;
+    for name in [token_name, tls_name] {
+        assert!(
+            of_kind(&docs, "Secret")
+                .iter()
+                .all(|s| s["metadata"]["name"] != name),
+            "{name} is rendered: a GitOps render would rotate it"
+        );
+    }
+    let operator = operator_container(&docs)?;
+    assert_eq!(
+        flag(&operator, "--peer-token-secret").as_deref(),
+        Some(token_name)
+    );
+    assert_eq!(
+        flag(&operator, "--peer-tls-secret").as_deref(),
+        Some(tls_name)
+    );
+    assert_eq!(
+        flag(&operator, "--peer-tls-name").as_deref(),
+        Some("fleet-a")
+    );
+    assert_eq!(flag(&operator, "--peer-tls-days").as_deref(), Some("365"));
+    // The operator may update the certificate it renews, that Secret alone.
+    let renews = of_kind(&docs, "Role").into_iter().any(|r| {
+        r["metadata"]["name"] == "sv-sealed-volumes-operator"
+            && r["rules"].as_array().is_some_and(|rules| {
+                rules.iter().any(|rule| {
+                    rule["resources"] == serde_json::json!(["secrets"])
+                        && rule["verbs"] == serde_json::json!(["update"])
+                        && rule["resourceNames"] == serde_json::json!([tls_name])
+                })
+            })
+    });
+    assert!(renews, "the operator's Role cannot renew {tls_name}");
     let ds = daemonset(&docs)?;
     let spec = pod_spec(&ds);
     let plugin = container(spec, "plugin");
@@ -1572,6 +1633,8 @@ fn peer_tls_renders_a_certificate_the_plugin_accepts_for_the_fleet_name() -> Res
         .find(|m| m.name == "peer-tls")
         .context("the peer TLS Secret is not mounted")?;
     assert_eq!(mount.read_only, Some(true));
+    // A directory, not subPath: the kubelet updates the files and the plugin re-reads them.
+    assert_eq!(mount.sub_path, None);
     let file = |flag_name: &str, key: &str| -> Result<()> {
         let path = flag(plugin, flag_name).with_context(|| format!("no {flag_name}"))?;
         assert_eq!(path, format!("{}/{key}", mount.mount_path), "{flag_name}");
@@ -1592,49 +1655,18 @@ fn peer_tls_renders_a_certificate_the_plugin_accepts_for_the_fleet_name() -> Res
             .secret
             .as_ref()
             .and_then(|s| s.secret_name.as_deref()),
-        Some(secret_name)
+        Some(tls_name)
     );
 
-    // The Secret the chart made: what the plugin loads at start (PeerTls checks that its own
-    // certificate, for the fleet name, would be accepted by its peers), pinned to that name.
-    let secret: Secret = serde_json::from_value(
-        of_kind(&docs, "Secret")
-            .into_iter()
-            .find(|s| s["metadata"]["name"] == secret_name)
-            .context("no peer TLS Secret")?
-            .clone(),
-    )?;
-    assert_eq!(secret.type_.as_deref(), Some("kubernetes.io/tls"));
-    let data = secret.data.context("the peer TLS Secret has no data")?;
-    let key = |k: &str| -> Result<&[u8]> {
-        Ok(&data
-            .get(k)
-            .with_context(|| format!("no {k} in the Secret"))?
-            .0)
-    };
-    let (cert, private_key, ca) = (key("tls.crt")?, key("tls.key")?, key("ca.crt")?);
-    let tls = sealed_peer::tls::PeerTls::from_pem(cert, private_key, ca, "fleet-a")
-        .context("the node plugin would refuse the chart's certificate")?;
-    assert_eq!(tls.name(), "fleet-a");
-    assert!(
-        sealed_peer::tls::PeerTls::from_pem(cert, private_key, ca, "sealed-peer").is_err(),
-        "the chart's certificate is not pinned to peer.tls.name"
-    );
+    // TLS off: no flags on either side.
+    let docs = render(&helm, &["peer.tls.enabled=false"])?;
+    let plugin = container(pod_spec(&daemonset(&docs)?), "plugin").clone();
+    assert_eq!(flag(&plugin, "--peer-tls-cert"), None);
+    assert_eq!(flag(&operator_container(&docs)?, "--peer-tls-secret"), None);
 
-    // An existing Secret (cert-manager's, say): none made, that one mounted.
-    let docs = render(
-        &helm,
-        &[
-            "peer.enabled=true",
-            "peer.tls.enabled=true",
-            "peer.tls.existingSecret=fleet-cert",
-        ],
-    )?;
-    assert!(
-        of_kind(&docs, "Secret")
-            .iter()
-            .all(|s| s["metadata"]["name"] != secret_name)
-    );
+    // An existing Secret (cert-manager's, say): that one mounted, the operator makes none.
+    let docs = render(&helm, &["peer.tls.existingSecret=fleet-cert"])?;
+    assert_eq!(flag(&operator_container(&docs)?, "--peer-tls-secret"), None);
     let volume = pod_spec(&daemonset(&docs)?)
         .volumes
         .iter()
@@ -1650,12 +1682,143 @@ fn peer_tls_renders_a_certificate_the_plugin_accepts_for_the_fleet_name() -> Res
 }
 
 #[test]
+fn network_policies_admit_peers_from_plugins_and_metrics_from_scrapers() -> Result<()> {
+    let Some(helm) = helm("network_policies_admit_peers_from_plugins_and_metrics_from_scrapers")
+    else {
+        return Ok(());
+    };
+    let docs = render(&helm, &["peer.port=7171"])?;
+    let policies = of_kind(&docs, "NetworkPolicy");
+    let node = policies
+        .iter()
+        .find(|p| p["metadata"]["name"] == "sv-sealed-volumes-node")
+        .context("no node NetworkPolicy")?;
+    assert_eq!(
+        node["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"],
+        "node"
+    );
+    assert_eq!(node["spec"]["policyTypes"], serde_json::json!(["Ingress"]));
+    let rules = node["spec"]["ingress"]
+        .as_array()
+        .context("no ingress rules")?;
+    let rule_for = |port: u16| {
+        rules
+            .iter()
+            .find(|r| r["ports"][0]["port"] == port)
+            .cloned()
+    };
+    let peer = rule_for(7171).context("no rule for the peer port")?;
+    assert_eq!(peer["from"].as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        peer["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"], "node",
+        "the peer port admits only the plugin pods"
+    );
+    assert!(peer["from"][0].get("namespaceSelector").is_none());
+    let metrics = rule_for(9809).context("no rule for the metrics port")?;
+    assert_eq!(
+        metrics["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/name"],
+        "prometheus"
+    );
+    assert_eq!(rules.len(), 2, "no other port is admitted: {rules:?}");
+    let operator = policies
+        .iter()
+        .find(|p| p["metadata"]["name"] == "sv-sealed-volumes-operator")
+        .context("no operator NetworkPolicy")?;
+    let ports: Vec<&Value> = operator["spec"]["ingress"]
+        .as_array()
+        .context("no operator ingress")?
+        .iter()
+        .map(|r| &r["ports"][0]["port"])
+        .collect();
+    assert_eq!(
+        ports,
+        [&serde_json::json!("webhook"), &serde_json::json!(8080)]
+    );
+
+    // A custom scraper selector, and the opt-out.
+    let docs = render(
+        &helm,
+        &[
+            r#"json:networkPolicy.metricsFrom=[{"namespaceSelector":{"matchLabels":{"team":"obs"}}}]"#,
+        ],
+    )?;
+    let node = of_kind(&docs, "NetworkPolicy")
+        .into_iter()
+        .find(|p| p["metadata"]["name"] == "sv-sealed-volumes-node")
+        .context("no node NetworkPolicy")?
+        .clone();
+    assert_eq!(
+        node["spec"]["ingress"][1]["from"][0]["namespaceSelector"]["matchLabels"]["team"],
+        "obs"
+    );
+    let docs = render(&helm, &["networkPolicy.enabled=false"])?;
+    assert!(of_kind(&docs, "NetworkPolicy").is_empty());
+    Ok(())
+}
+
+#[test]
+fn warming_is_off_unless_allowed_and_its_bounds_reach_both_binaries() -> Result<()> {
+    let Some(helm) = helm("warming_is_off_unless_allowed_and_its_bounds_reach_both_binaries")
+    else {
+        return Ok(());
+    };
+    let docs = render(&helm, &[])?;
+    let plugin = container(pod_spec(&daemonset(&docs)?), "plugin").clone();
+    assert_eq!(flag(&plugin, "--warming").as_deref(), Some("off"));
+    let deploy: Deployment = one(&docs, "Deployment")?;
+    let operator = deploy
+        .spec
+        .and_then(|s| s.template.spec)
+        .context("no operator pod spec")?
+        .containers[0]
+        .clone();
+    assert_eq!(flag(&operator, "--warming").as_deref(), Some("off"));
+    let reads_namespaces = |docs: &[Value]| {
+        of_kind(docs, "ClusterRole")
+            .iter()
+            .filter(|r| {
+                r["rules"].as_array().is_some_and(|rules| {
+                    rules
+                        .iter()
+                        .any(|rule| rule["resources"] == serde_json::json!(["namespaces"]))
+                })
+            })
+            .count()
+    };
+    assert_eq!(reads_namespaces(&docs), 0);
+    let docs = render(
+        &helm,
+        &[
+            "warming.allow=labelled",
+            "warming.cacheShare=10",
+            "warming.spareRecentSeconds=600",
+            "warming.rate=8Mi",
+        ],
+    )?;
+    let plugin = container(pod_spec(&daemonset(&docs)?), "plugin").clone();
+    assert_eq!(flag(&plugin, "--warming").as_deref(), Some("labelled"));
+    assert_eq!(
+        flag(&plugin, "--warming-namespace-label").as_deref(),
+        Some("sealedvolumes.io/warming=allowed")
+    );
+    assert_eq!(flag(&plugin, "--warm-cache-share").as_deref(), Some("10"));
+    assert_eq!(
+        flag(&plugin, "--warm-spare-recent-secs").as_deref(),
+        Some("600")
+    );
+    assert_eq!(flag(&plugin, "--warm-rate").as_deref(), Some("8Mi"));
+    // Both the operator and the plugins read namespaces' labels.
+    assert_eq!(reads_namespaces(&docs), 2);
+    Ok(())
+}
+
+#[test]
 fn peer_values_render_the_service_token_and_flags() -> Result<()> {
     let Some(helm) = helm("peer_values_render_the_service_token_and_flags") else {
         return Ok(());
     };
-    // Off by default: no Service, no token, no flags.
-    let docs = render(&helm, &[])?;
+    // Off when asked: no Service, no token, no flags.
+    let docs = render(&helm, &["peer.enabled=false"])?;
     let plugin = container(pod_spec(&daemonset(&docs)?), "plugin").clone();
     assert_eq!(flag(&plugin, "--peer-listen"), None);
     assert_eq!(flag(&plugin, "--peer-upload-rate"), None);
@@ -1722,15 +1885,12 @@ fn peer_values_render_the_service_token_and_flags() -> Result<()> {
         "node"
     );
     assert_eq!(service["spec"]["ports"][0]["port"], 7171);
-    // A random token Secret, and the plugin may only read EndpointSlices in its namespace.
-    let secret = of_kind(&docs, "Secret")
-        .into_iter()
-        .find(|s| s["metadata"]["name"] == "sv-sealed-volumes-peer-token")
-        .context("no token Secret")?;
+    // The token Secret is the operator's to make (not rendered: no render rotates it), and
+    // the plugin may only read EndpointSlices in its namespace.
     assert!(
-        secret["data"]["token"]
-            .as_str()
-            .is_some_and(|t| t.len() >= 24)
+        of_kind(&docs, "Secret")
+            .iter()
+            .all(|s| s["metadata"]["name"] != "sv-sealed-volumes-peer-token")
     );
     let role = of_kind(&docs, "Role")
         .into_iter()
@@ -1742,16 +1902,19 @@ fn peer_values_render_the_service_token_and_flags() -> Result<()> {
         serde_json::json!(["get", "list", "watch"])
     );
 
-    // An existing Secret instead: none rendered, that one mounted.
+    // An existing Secret instead: that one mounted, the operator makes none.
     let docs = render(
         &helm,
         &["peer.enabled=true", "peer.existingTokenSecret=my-token"],
     )?;
-    assert!(
-        of_kind(&docs, "Secret")
-            .iter()
-            .all(|s| s["metadata"]["name"] != "sv-sealed-volumes-peer-token")
-    );
+    let deploy: Deployment = one(&docs, "Deployment")?;
+    let operator = deploy
+        .spec
+        .and_then(|s| s.template.spec)
+        .context("no operator pod spec")?
+        .containers[0]
+        .clone();
+    assert_eq!(flag(&operator, "--peer-token-secret"), None);
     let volumes = pod_spec(&daemonset(&docs)?)
         .volumes
         .clone()

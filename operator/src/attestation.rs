@@ -12,7 +12,7 @@ use std::io::Read as _;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use sealed_crds::SealedVolumeVersion;
 use sealed_crds::attestation::{AttestationKey, SECRET_KEY};
@@ -30,14 +30,14 @@ pub async fn ensure_key(client: &Client, namespace: &str, name: &str) -> Result<
     let secret = match secrets.get_opt(name).await? {
         Some(s) => s,
         None => {
-            let material = random_bytes()?;
+            let material = random_bytes::<32>()?;
             let secret = Secret {
                 metadata: ObjectMeta {
                     name: Some(name.into()),
                     namespace: Some(namespace.into()),
                     labels: Some(BTreeMap::from([(
-                        "app.kubernetes.io/managed-by".to_string(),
-                        "sealed-operator".to_string(),
+                        crate::fleet_pki::MANAGED_BY.0.to_string(),
+                        crate::fleet_pki::MANAGED_BY.1.to_string(),
                     )])),
                     annotations: Some(BTreeMap::from([(
                         "sealedvolumes.io/purpose".to_string(),
@@ -55,14 +55,7 @@ pub async fn ensure_key(client: &Client, namespace: &str, name: &str) -> Result<
                 type_: Some("Opaque".into()),
                 ..Default::default()
             };
-            match secrets.create(&PostParams::default(), &secret).await {
-                Ok(s) => {
-                    tracing::info!(secret = %format!("{namespace}/{name}"), "created the attestation key");
-                    s
-                }
-                Err(kube::Error::Api(e)) if e.code == 409 => secrets.get(name).await?,
-                Err(e) => return Err(e.into()),
-            }
+            crate::fleet_pki::create_or_read(&secrets, &secret).await?
         }
     };
     key_from_secret(&secret).map_err(|message| Error::Invalid {
@@ -81,12 +74,13 @@ fn key_from_secret(secret: &Secret) -> Result<AttestationKey, String> {
     AttestationKey::from_secret_bytes(&material).map_err(|e| e.to_string())
 }
 
-fn random_bytes() -> Result<[u8; 32]> {
-    let mut buf = [0u8; 32];
+/// `N` bytes from the kernel's random source (keys, tokens).
+pub(crate) fn random_bytes<const N: usize>() -> Result<[u8; N]> {
+    let mut buf = [0u8; N];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut buf))
         .map_err(|e| Error::Invalid {
-            object: "attestation key".into(),
+            object: "random key material".into(),
             message: format!("cannot read /dev/urandom: {e}"),
         })?;
     Ok(buf)
@@ -179,6 +173,6 @@ mod tests {
             ByteString(vec![1; 32]),
         )]));
         assert!(key_from_secret(&s).is_ok());
-        assert_ne!(random_bytes().unwrap(), random_bytes().unwrap());
+        assert_ne!(random_bytes::<32>().unwrap(), random_bytes::<32>().unwrap());
     }
 }

@@ -53,6 +53,9 @@ pub struct OperatorConfig {
     /// The Secret (in [`namespace`](Self::namespace)) holding the key that attests the
     /// versions the operator makes; made on first start.
     pub attestation_secret: String,
+    /// Which namespaces' volumes may warm their versions (`spec.warm`, `--warming`): the
+    /// warm count is stamped only on versions of those.
+    pub warming: sealed_crds::warming::WarmingPolicy,
 }
 
 /// The attestation Secret's name when none is given.
@@ -155,6 +158,7 @@ impl OperatorConfig {
             gc_grace: Duration::from_secs(3600),
             source_policy: SourcePolicy::for_store(store_url, None),
             attestation_secret: DEFAULT_ATTESTATION_SECRET.into(),
+            warming: sealed_crds::warming::WarmingPolicy::All,
         }
     }
 }

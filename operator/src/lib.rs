@@ -6,6 +6,7 @@ pub mod config;
 pub mod context;
 pub mod controller;
 pub mod error;
+pub mod fleet_pki;
 pub mod gc_loop;
 pub mod guard;
 pub mod metrics;

@@ -171,6 +171,29 @@ struct RunArgs {
     /// operator makes; created on first start. The node plugins read it.
     #[arg(long, env = "SEALED_ATTESTATION_SECRET", default_value = sealed_operator::config::DEFAULT_ATTESTATION_SECRET)]
     attestation_secret: String,
+    /// Secret (in the operator's namespace) with the node plugins' peer token (key `token`),
+    /// made on first start and kept; empty: not the operator's to make
+    #[arg(long, env = "SEALED_PEER_TOKEN_SECRET", default_value = "")]
+    peer_token_secret: String,
+    /// Secret (in the operator's namespace) with the plugins' fleet certificate for mutual
+    /// TLS (tls.crt, tls.key, ca.crt), its CA kept in `<name>-ca`; made on first start,
+    /// renewed; empty: not the operator's to make
+    #[arg(long, env = "SEALED_PEER_TLS_SECRET", default_value = "")]
+    peer_tls_secret: String,
+    /// The fleet name in that certificate (the plugins' --peer-tls-name)
+    #[arg(long, env = "SEALED_PEER_TLS_NAME", default_value = "sealed-peer")]
+    peer_tls_name: String,
+    /// Days the fleet certificate is valid (renewed with a third left)
+    #[arg(long, env = "SEALED_PEER_TLS_DAYS", default_value_t = 365,
+          value_parser = clap::value_parser!(u32).range(3..=3650))]
+    peer_tls_days: u32,
+    /// Which namespaces' volumes may warm their versions (spec.warm): off, all, or labelled
+    /// (those with --warming-namespace-label)
+    #[arg(long, env = "SEALED_WARMING", default_value = "off")]
+    warming: String,
+    /// The label (KEY=VALUE) of namespaces allowed to warm, with --warming labelled
+    #[arg(long, env = "SEALED_WARMING_NAMESPACE_LABEL", default_value = sealed_crds::warming::DEFAULT_NAMESPACE_LABEL)]
+    warming_namespace_label: String,
 }
 
 #[derive(Args)]
@@ -282,10 +305,30 @@ async fn run(args: RunArgs, log_json: bool) -> anyhow::Result<()> {
         gc_grace: args.gc_grace,
         source_policy,
         attestation_secret: args.attestation_secret,
+        warming: sealed_crds::warming::WarmingPolicy::parse(
+            &args.warming,
+            &args.warming_namespace_label,
+        )
+        .map_err(anyhow::Error::msg)?,
     };
     let client = kube::Client::try_default()
         .await
         .context("cannot reach the Kubernetes API server (in-cluster config or KUBECONFIG)")?;
+    let fleet = sealed_operator::fleet_pki::FleetSecrets {
+        token: Some(args.peer_token_secret).filter(|s| !s.is_empty()),
+        tls: Some(args.peer_tls_secret).filter(|s| !s.is_empty()),
+        tls_name: args.peer_tls_name,
+        tls_days: args.peer_tls_days,
+    };
+    if fleet.token.is_some() || fleet.tls.is_some() {
+        // Every replica keeps them, leader or not: the plugins wait on them at install.
+        tokio::spawn(sealed_operator::fleet_pki::keep_fleet(
+            client.clone(),
+            config.namespace.clone(),
+            fleet,
+        ));
+    }
+    let follow_tags = args.webhook.webhook_addr.is_some();
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Switch::new("controllers not running"));
     let listener = http::bind(args.metrics_addr).await?;

@@ -36,15 +36,24 @@ const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 pub const RETENTION_ANNOTATION: &str = "sealedvolumes.io/retention";
 
 /// The annotations the operator gives a version it creates for `volume`: the volume's
-/// retention ([`RETENTION_ANNOTATION`]) and, when `spec.warm.nodes` is set above 0, the warm
-/// count ([`sealed_crds::WARM_ANNOTATION`]) the node plugins warm it by. Stamped at creation
-/// only: turning warming on later warms the versions sealed after, not every older one.
-pub fn creation_annotations(volume: &SealedVolume) -> std::collections::BTreeMap<String, String> {
+/// retention ([`RETENTION_ANNOTATION`]) and, when `spec.warm.nodes` is set above 0 and
+/// `warm_allowed` (the admin's policy, [`warming_allowed`]), the warm count
+/// ([`sealed_crds::WARM_ANNOTATION`]) the node plugins warm it by. Stamped at creation only:
+/// turning warming on later warms the versions sealed after, not every older one.
+pub fn creation_annotations(
+    volume: &SealedVolume,
+    warm_allowed: bool,
+) -> std::collections::BTreeMap<String, String> {
     let mut annotations = std::collections::BTreeMap::from([(
         RETENTION_ANNOTATION.to_string(),
         volume.spec.retention.deleted_versions.clone(),
     )]);
-    if let Some(warm) = volume.spec.warm.as_ref().filter(|w| w.nodes > 0) {
+    if let Some(warm) = volume
+        .spec
+        .warm
+        .as_ref()
+        .filter(|w| w.nodes > 0 && warm_allowed)
+    {
         annotations.insert(
             sealed_crds::WARM_ANNOTATION.to_string(),
             warm.nodes
@@ -53,6 +62,22 @@ pub fn creation_annotations(volume: &SealedVolume) -> std::collections::BTreeMap
         );
     }
     annotations
+}
+
+/// Whether the admin's policy (`--warming`) lets `namespace` warm; why not otherwise.
+pub async fn warming_allowed(ctx: &Context, namespace: &str) -> Result<(), String> {
+    let policy = &ctx.config.warming;
+    if !policy.needs_labels() {
+        return policy.allows(namespace, None);
+    }
+    let labels = Api::<k8s_openapi::api::core::v1::Namespace>::all(ctx.client.clone())
+        .get(namespace)
+        .await
+        .map_err(|e| format!("cannot read namespace {namespace}: {e}"))?
+        .metadata
+        .labels
+        .unwrap_or_default();
+    policy.allows(namespace, Some(&labels))
 }
 
 pub async fn reconcile(version: Arc<SealedVolumeVersion>, ctx: Arc<Context>) -> Result<Action> {
@@ -591,16 +616,18 @@ mod tests {
     #[test]
     fn new_versions_carry_the_warm_count_when_it_is_set() {
         let mut v = volume("72h");
-        let plain = creation_annotations(&v);
+        let plain = creation_annotations(&v, true);
         assert_eq!(
             plain.get(RETENTION_ANNOTATION).map(String::as_str),
             Some("72h")
         );
         assert!(!plain.contains_key(sealed_crds::WARM_ANNOTATION));
         v.spec.warm = Some(sealed_crds::Warm { nodes: 0 });
-        assert!(!creation_annotations(&v).contains_key(sealed_crds::WARM_ANNOTATION));
+        assert!(!creation_annotations(&v, true).contains_key(sealed_crds::WARM_ANNOTATION));
         v.spec.warm = Some(sealed_crds::Warm { nodes: 3 });
-        let warm = creation_annotations(&v);
+        // Not allowed by the admin's policy: no warm count.
+        assert!(!creation_annotations(&v, false).contains_key(sealed_crds::WARM_ANNOTATION));
+        let warm = creation_annotations(&v, true);
         assert_eq!(
             sealed_crds::warm_nodes(&warm),
             Ok(Some(3)),

@@ -507,6 +507,28 @@ async fn create_version(
     name: &str,
     digest: &str,
 ) -> Result<()> {
+    let warm_allowed = match volume.spec.warm.as_ref().filter(|w| w.nodes > 0) {
+        None => false,
+        Some(_) => {
+            let namespace = volume.namespace().unwrap_or_default();
+            match crate::version::warming_allowed(ctx, &namespace).await {
+                Ok(()) => true,
+                Err(why) => {
+                    // Said on the volume, where spec.warm was written; the version is made
+                    // without the warm count, and no node warms it.
+                    ctx.event(
+                        &volume.object_ref(&()),
+                        true,
+                        "WarmNotAllowed",
+                        "Warm",
+                        format!("version {name} ({digest}) is not warmed: {why}"),
+                    )
+                    .await;
+                    false
+                }
+            }
+        }
+    };
     let mut version = SealedVolumeVersion::new(
         name,
         SealedVolumeVersionSpec {
@@ -521,7 +543,7 @@ async fn create_version(
             VOLUME_LABEL.to_string(),
             volume.name_any(),
         )])),
-        annotations: Some(crate::version::creation_annotations(volume)),
+        annotations: Some(crate::version::creation_annotations(volume, warm_allowed)),
         owner_references: owner_reference(volume).map(|o| vec![o]),
         ..Default::default()
     };

@@ -12,6 +12,7 @@ pub mod client;
 pub mod membership;
 pub mod metrics;
 pub mod pace;
+pub mod reload;
 pub mod ring;
 pub mod server;
 pub mod tls;
@@ -31,6 +32,7 @@ pub use client::PeerClient;
 pub use membership::Membership;
 pub use metrics::{PeerMetrics, PeerSnapshot};
 pub use ring::{Member, Ring, RingView, Role};
+pub use reload::PeerFiles;
 pub use tls::PeerTls;
 pub use token::PeerToken;
 
@@ -94,6 +96,9 @@ pub struct PeerOptions {
     /// The peer port's connection bounds: caps in total and per source, header and idle
     /// deadlines, TLS handshake slots ([`sealed_service::listen`]).
     pub limits: ConnLimits,
+    /// The files `token` and `tls` came from: read again while the node runs, and a change
+    /// (a rotated Secret) used for new requests and connections ([`reload`]). `None`: fixed.
+    pub files: Option<PeerFiles>,
 }
 
 impl PeerOptions {
@@ -122,6 +127,7 @@ impl PeerOptions {
             fanout: 64,
             upload_rate: None,
             limits: ConnLimits::peer(),
+            files: None,
         }
     }
 }
@@ -140,12 +146,16 @@ pub struct PeerNode {
     /// The current membership, as this node sees it.
     pub ring: RingView,
     server: JoinHandle<()>,
+    reloader: Option<JoinHandle<()>>,
     _membership: Membership,
 }
 
 impl Drop for PeerNode {
     fn drop(&mut self) {
         self.server.abort();
+        if let Some(r) = &self.reloader {
+            r.abort();
+        }
     }
 }
 
@@ -199,11 +209,20 @@ impl PeerNode {
         }
         tracing::info!(listen = %local_addr, advertise = %options.advertise,
             tls = options.tls.as_ref().map(|t| t.name()), members = membership.view.borrow().len(), "peer tier on");
+        let reloader = options.files.clone().map(|files| {
+            reload::spawn(
+                files,
+                options.token.clone(),
+                options.tls.clone(),
+                reload::DEFAULT_PERIOD,
+            )
+        });
         Ok(PeerNode {
             metrics,
             local_addr,
             ring: membership.view.clone(),
             server,
+            reloader,
             _membership: membership,
         })
     }

@@ -8,20 +8,23 @@
 //! certificates for this fleet's name. The crypto provider is ring, given explicitly: kube
 //! in this workspace uses ring, and a process-default provider panics when two are built in.
 //!
-//! The files are read once, at start: rotating them means restarting the node.
+//! The files are read at start and again when they change (`crate::reload`): a renewed
+//! certificate or a new CA takes effect for new connections without restarting the node.
 
 use std::fmt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::client::{WebPkiServerVerifier, verify_server_name};
+use rustls::client::{ResolvesClientCert, WebPkiServerVerifier, verify_server_name};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
 use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, DistinguishedName, RootCertStore,
     ServerConfig, SignatureScheme,
@@ -44,8 +47,26 @@ const ALPN_H2: &[u8] = b"h2";
 #[derive(Clone)]
 pub struct PeerTls {
     name: String,
+    fleet: ServerName<'static>,
+    provider: Arc<CryptoProvider>,
+    /// What the configs below read at each handshake; [`PeerTls::replace_pem`] swaps it.
+    current: Shared,
     server: Arc<ServerConfig>,
     client: Arc<ClientConfig>,
+}
+
+type Shared = Arc<RwLock<Arc<Material>>>;
+
+/// One generation of this node's certificate and the fleet's CA.
+#[derive(Debug)]
+struct Material {
+    key: Arc<CertifiedKey>,
+    server_verifier: Arc<WebPkiServerVerifier>,
+    client_verifier: Arc<dyn ClientCertVerifier>,
+}
+
+fn load(current: &Shared) -> Arc<Material> {
+    current.read().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
 impl fmt::Debug for PeerTls {
@@ -123,65 +144,50 @@ impl PeerTls {
                  every peer's certificate)"
             )));
         }
-        let chain = CertificateDer::pem_slice_iter(cert)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| tls(format!("the certificate is not PEM: {e}")))?;
-        if chain.is_empty() {
-            return Err(tls("the certificate file has no CERTIFICATE".into()));
-        }
-        let key = PrivateKeyDer::from_pem_slice(key)
-            .map_err(|e| tls(format!("the key is not a PEM private key: {e}")))?;
-        let mut roots = RootCertStore::empty();
-        for ca in CertificateDer::pem_slice_iter(ca) {
-            let ca = ca.map_err(|e| tls(format!("the CA is not PEM: {e}")))?;
-            roots
-                .add(ca)
-                .map_err(|e| tls(format!("the CA certificate is unusable: {e}")))?;
-        }
-        if roots.is_empty() {
-            return Err(tls("the CA file has no CERTIFICATE".into()));
-        }
-        let roots = Arc::new(roots);
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-
-        let server_verifier =
-            WebPkiServerVerifier::builder_with_provider(roots.clone(), provider.clone())
-                .build()
-                .map_err(|e| tls(format!("the CA: {e}")))?;
-        check_own(&server_verifier, &chain, &fleet, name)?;
-        let client_verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
-            .build()
-            .map_err(|e| tls(format!("the CA: {e}")))?;
+        let current: Shared = Arc::new(RwLock::new(Arc::new(Material::parse(
+            cert, key, ca, &fleet, name, &provider,
+        )?)));
 
         let mut server = ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| tls(e.to_string()))?
             .with_client_cert_verifier(Arc::new(FleetClientVerifier {
-                inner: client_verifier,
+                current: current.clone(),
                 name: fleet.clone(),
             }))
-            .with_single_cert(chain.clone(), key.clone_key())
-            .map_err(|e| tls(format!("the certificate and key: {e}")))?;
+            .with_cert_resolver(Arc::new(CurrentKey(current.clone())));
         server.alpn_protocols = vec![ALPN_H2.to_vec()];
 
-        let mut client = ClientConfig::builder_with_provider(provider)
+        let mut client = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| tls(e.to_string()))?
             // The only custom part: the name checked is the fleet's, not the dialled IP.
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(FleetServerVerifier {
-                inner: server_verifier,
-                name: fleet,
+                current: current.clone(),
+                name: fleet.clone(),
             }))
-            .with_client_auth_cert(chain, key)
-            .map_err(|e| tls(format!("the certificate and key: {e}")))?;
+            .with_client_cert_resolver(Arc::new(CurrentKey(current.clone())));
         client.alpn_protocols = vec![ALPN_H2.to_vec()];
 
         Ok(PeerTls {
             name: name.to_owned(),
+            fleet,
+            provider,
+            current,
             server: Arc::new(server),
             client: Arc::new(client),
         })
+    }
+
+    /// Replaces the certificate, key and CA for every new connection, both ways, after the
+    /// same checks as at start; a refused set leaves the old one in place. Connections
+    /// open already keep what they were made with.
+    pub fn replace_pem(&self, cert: &[u8], key: &[u8], ca: &[u8]) -> Result<(), PeerError> {
+        let material = Material::parse(cert, key, ca, &self.fleet, &self.name, &self.provider)?;
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(material);
+        Ok(())
     }
 
     /// The fleet name peers' certificates are checked against.
@@ -209,6 +215,77 @@ pub(crate) fn plaintext_client_config() -> Result<ClientConfig, PeerError> {
         .with_no_client_auth())
 }
 
+impl Material {
+    fn parse(
+        cert: &[u8],
+        key: &[u8],
+        ca: &[u8],
+        fleet: &ServerName<'static>,
+        name: &str,
+        provider: &Arc<CryptoProvider>,
+    ) -> Result<Material, PeerError> {
+        let tls = |e: String| PeerError::Tls(e);
+        let chain = CertificateDer::pem_slice_iter(cert)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| tls(format!("the certificate is not PEM: {e}")))?;
+        if chain.is_empty() {
+            return Err(tls("the certificate file has no CERTIFICATE".into()));
+        }
+        let key = PrivateKeyDer::from_pem_slice(key)
+            .map_err(|e| tls(format!("the key is not a PEM private key: {e}")))?;
+        let mut roots = RootCertStore::empty();
+        for ca in CertificateDer::pem_slice_iter(ca) {
+            let ca = ca.map_err(|e| tls(format!("the CA is not PEM: {e}")))?;
+            roots
+                .add(ca)
+                .map_err(|e| tls(format!("the CA certificate is unusable: {e}")))?;
+        }
+        if roots.is_empty() {
+            return Err(tls("the CA file has no CERTIFICATE".into()));
+        }
+        let roots = Arc::new(roots);
+        let server_verifier =
+            WebPkiServerVerifier::builder_with_provider(roots.clone(), provider.clone())
+                .build()
+                .map_err(|e| tls(format!("the CA: {e}")))?;
+        check_own(&server_verifier, &chain, fleet, name)?;
+        let client_verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
+            .build()
+            .map_err(|e| tls(format!("the CA: {e}")))?;
+        let key = CertifiedKey::from_der(chain, key, provider)
+            .map_err(|e| tls(format!("the certificate and key: {e}")))?;
+        Ok(Material {
+            key: Arc::new(key),
+            server_verifier,
+            client_verifier,
+        })
+    }
+}
+
+/// This node's current certificate, presented as server and as client.
+#[derive(Debug)]
+struct CurrentKey(Shared);
+
+impl ResolvesServerCert for CurrentKey {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(load(&self.0).key.clone())
+    }
+}
+
+impl ResolvesClientCert for CurrentKey {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        _sigschemes: &[SignatureScheme],
+    ) -> Option<Arc<CertifiedKey>> {
+        Some(load(&self.0).key.clone())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
 /// This node's own certificate, checked as a peer would check it.
 fn check_own(
     verifier: &WebPkiServerVerifier,
@@ -229,7 +306,7 @@ fn check_own(
         )) => {
             tracing::warn!(error = ?e, "this node's peer certificate is outside its validity \
                 period: peers will refuse it and this node reads from the origin until it is \
-                renewed and the node restarted");
+                renewed");
             Ok(())
         }
         Err(e) => Err(PeerError::Tls(format!(
@@ -242,7 +319,7 @@ fn check_own(
 /// rustls' WebPKI server verifier, given the fleet name instead of the dialled address.
 #[derive(Debug)]
 struct FleetServerVerifier {
-    inner: Arc<WebPkiServerVerifier>,
+    current: Shared,
     name: ServerName<'static>,
 }
 
@@ -255,8 +332,13 @@ impl ServerCertVerifier for FleetServerVerifier {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        self.inner
-            .verify_server_cert(end_entity, intermediates, &self.name, ocsp_response, now)
+        load(&self.current).server_verifier.verify_server_cert(
+            end_entity,
+            intermediates,
+            &self.name,
+            ocsp_response,
+            now,
+        )
     }
 
     fn verify_tls12_signature(
@@ -265,7 +347,9 @@ impl ServerCertVerifier for FleetServerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
+        load(&self.current)
+            .server_verifier
+            .verify_tls12_signature(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -274,11 +358,15 @@ impl ServerCertVerifier for FleetServerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
+        load(&self.current)
+            .server_verifier
+            .verify_tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
+        load(&self.current)
+            .server_verifier
+            .supported_verify_schemes()
     }
 }
 
@@ -287,7 +375,7 @@ impl ServerCertVerifier for FleetServerVerifier {
 /// not let their certificates in.
 #[derive(Debug)]
 struct FleetClientVerifier {
-    inner: Arc<dyn ClientCertVerifier>,
+    current: Shared,
     name: ServerName<'static>,
 }
 
@@ -300,8 +388,10 @@ impl ClientCertVerifier for FleetClientVerifier {
         true
     }
 
+    // No hints: the CA can change under a running server, and every node has only its one
+    // certificate to offer anyway.
     fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        self.inner.root_hint_subjects()
+        &[]
     }
 
     fn verify_client_cert(
@@ -310,9 +400,11 @@ impl ClientCertVerifier for FleetClientVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        let verified = self
-            .inner
-            .verify_client_cert(end_entity, intermediates, now)?;
+        let verified = load(&self.current).client_verifier.verify_client_cert(
+            end_entity,
+            intermediates,
+            now,
+        )?;
         verify_server_name(&ParsedCertificate::try_from(end_entity)?, &self.name)?;
         Ok(verified)
     }
@@ -323,7 +415,9 @@ impl ClientCertVerifier for FleetClientVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
+        load(&self.current)
+            .client_verifier
+            .verify_tls12_signature(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -332,25 +426,29 @@ impl ClientCertVerifier for FleetClientVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
+        load(&self.current)
+            .client_verifier
+            .verify_tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
+        load(&self.current)
+            .client_verifier
+            .supported_verify_schemes()
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use rcgen::{CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair};
 
-    struct Ca {
-        pem: String,
+    pub(crate) struct Ca {
+        pub(crate) pem: String,
         issuer: Issuer<'static, KeyPair>,
     }
 
-    fn ca() -> Ca {
+    pub(crate) fn ca() -> Ca {
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
         let key = KeyPair::generate().unwrap();
@@ -362,7 +460,7 @@ mod tests {
     }
 
     /// (certificate PEM, key PEM) for `name`, for server and client use.
-    fn leaf(ca: &Ca, name: &str) -> (String, String) {
+    pub(crate) fn leaf(ca: &Ca, name: &str) -> (String, String) {
         let mut params = CertificateParams::new(vec![name.to_owned()]).unwrap();
         params.extended_key_usages = vec![
             ExtendedKeyUsagePurpose::ServerAuth,

@@ -88,6 +88,21 @@ impl ConnLimits {
         }
     }
 
+    /// These bounds with the caps and deadlines of a binary's flags (counts and
+    /// milliseconds; a count past `usize` saturates); the handshake deadline is the header
+    /// deadline.
+    pub fn with_flags(self, max: u64, per_source: u64, header_ms: u64, idle_ms: u64) -> ConnLimits {
+        let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        ConnLimits {
+            max_connections: count(max),
+            max_per_source: count(per_source),
+            header_timeout: Duration::from_millis(header_ms),
+            idle_timeout: Duration::from_millis(idle_ms),
+            handshake_timeout: Duration::from_millis(header_ms),
+            ..self
+        }
+    }
+
     /// Refuses bounds that would admit nothing or close everything at once.
     pub fn validate(&self, what: &str) -> Result<(), String> {
         if self.max_connections == 0 || self.max_per_source == 0 || self.max_handshakes == 0 {

@@ -110,6 +110,20 @@ pub struct PeerArgs {
     /// least 1Mi) [default: none, the link's speed]
     #[arg(long, value_parser = parse_size)]
     pub peer_upload_rate: Option<u64>,
+    /// Connections the peer port holds at once; more are closed at accept
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub peer_max_connections: u64,
+    /// Connections the peer port holds at once from one address
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub peer_max_connections_per_source: u64,
+    /// Milliseconds a connection to the peer port has for its first request head (and, on
+    /// HTTP/1.1, each next one); also bounds a TLS handshake's
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub connection_header_timeout_ms: u64,
+    /// Milliseconds without a request (or without a byte either way) after which a
+    /// connection to the peer port is closed
+    #[arg(long, default_value_t = 120_000, value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
+    pub connection_idle_timeout_ms: u64,
     #[command(flatten)]
     pub tls: PeerTlsArgs,
 }
@@ -351,6 +365,19 @@ async fn start_peer_tier(
     options.upload_rate =
         sealed_peer::pace::checked_rate(args.peer_upload_rate).map_err(anyhow::Error::msg)?;
     options.tls = args.tls.load()?;
+    options.limits = options.limits.clone().with_flags(
+        args.peer_max_connections,
+        args.peer_max_connections_per_source,
+        args.connection_header_timeout_ms,
+        args.connection_idle_timeout_ms,
+    );
+    // A rotated token or certificate is picked up without a remount.
+    options.files = Some(sealed_peer::PeerFiles::new(
+        token_file,
+        args.tls.peer_tls_cert.as_deref(),
+        args.tls.peer_tls_key.as_deref(),
+        args.tls.peer_tls_ca.as_deref(),
+    ));
     let members = match &args.peers_file {
         Some(path) => membership::from_file(path.clone(), options.fanout, Duration::from_secs(1))?,
         None => {
