@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{Container, PodSpec, Secret};
+use k8s_openapi::api::core::v1::{Container, PodSpec};
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
 use k8s_openapi::api::storage::v1::CSIDriver;
 use sealed_test_support::servers::built_binary;

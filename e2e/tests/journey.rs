@@ -34,6 +34,10 @@
 //! 8. `helm upgrade` rolls the node plugin while a pod reads: the new plugin gets ready, the
 //!    running pod's reads all return correct bytes (none fails) because the fd holder kept
 //!    the FUSE fd and the new plugin resumed the mount, and a new pod reads correct bytes.
+//!    The chart's defaults put the peer tier and mutual TLS on (step 1 checks the plugin
+//!    serves peers over TLS with the fleet token and certificate the operator made); the
+//!    upgrade, and a `helm template` render of the release's values, leave the token, the CA
+//!    and the certificate as they were (the render holds none of them).
 //!
 //! Cleanup runs whatever happens (the steps run in a spawned task, so a panic is caught):
 //! pods and versions go while the plugin and operator still run, then `helm uninstall`,
@@ -1207,8 +1211,70 @@ async fn install(j: &Journey, operator_bin: &Path, csi_bin: &Path) -> Result<Ima
          chart",
         j.node
     ));
+    let fleet = fleet_secrets(j).await?;
+    let plugin_args = j
+        .daemonsets()
+        .get(&format!("{RELEASE}-node"))
+        .await?
+        .spec
+        .and_then(|s| s.template.spec)
+        .map(|s| {
+            s.containers
+                .iter()
+                .flat_map(|c| c.args.clone().unwrap_or_default())
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    ensure!(
+        plugin_args.iter().any(|a| a.starts_with("--peer-listen="))
+            && plugin_args
+                .iter()
+                .any(|a| a.starts_with("--peer-tls-cert=")),
+        "the chart's defaults do not turn the peer tier with mTLS on: {plugin_args:?}"
+    );
+    ensure!(
+        j.plugin_log_contains("peer tier on").await?,
+        "the plugin did not start the peer tier"
+    );
+    say(format!(
+        "peer tier on with mutual TLS: the operator made the fleet token ({} bytes), CA and \
+         certificate; the plugin loaded them",
+        fleet.token.len()
+    ));
     check_pulls(j, &images, installed_after).await?;
     Ok(images)
+}
+
+/// The fleet token, CA and certificate the operator keeps for the plugins.
+#[derive(Debug, PartialEq, Eq)]
+struct Fleet {
+    token: Vec<u8>,
+    ca: Vec<u8>,
+    cert: Vec<u8>,
+}
+
+/// Step 1 and 8: the operator's peer Secrets (waited for: made at its start).
+async fn fleet_secrets(j: &Journey) -> Result<Fleet> {
+    let secrets = Api::<Secret>::namespaced(j.client(), &j.release_ns);
+    let key =
+        |s: &Secret, k: &str| -> Option<Vec<u8>> { s.data.as_ref()?.get(k).map(|b| b.0.clone()) };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let token = secrets.get_opt(&format!("{RELEASE}-peer-token")).await?;
+        let tls = secrets.get_opt(&format!("{RELEASE}-peer-tls")).await?;
+        if let (Some(token), Some(tls)) = (token, tls) {
+            return Ok(Fleet {
+                token: key(&token, "token").context("no token key")?,
+                ca: key(&tls, "ca.crt").context("no ca.crt key")?,
+                cert: key(&tls, "tls.crt").context("no tls.crt key")?,
+            });
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the operator made no peer token and TLS Secrets within 60 s"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }
 
 /// Step 1, continued: every pod of the release runs images pulled from the registry with
@@ -1725,6 +1791,7 @@ async fn upgrade(j: &Journey, v1: &Digest, v2: &Digest) -> Result<()> {
         .map(|p| p.name_any())
         .collect();
     let reads_before = j.reads_of("reading").await.len();
+    let fleet_before = fleet_secrets(j).await?;
     j.tools.helm(&[
         "upgrade",
         RELEASE,
@@ -1786,6 +1853,47 @@ async fn upgrade(j: &Journey, v1: &Digest, v2: &Digest) -> Result<()> {
     let sums = j.read_once("after-upgrade", by_digest(v2)).await?;
     ensure!(sums == want, "pod after-upgrade read other bytes than v2's");
     say("a new pod after the upgrade reads v2's bytes");
+    ensure!(
+        fleet_secrets(j).await? == fleet_before,
+        "helm upgrade changed the fleet token, CA or certificate"
+    );
+    // A GitOps render of the same values: it holds none of the three Secrets, so applying it
+    // cannot rotate them.
+    let values = j
+        .tools
+        .helm(&["get", "values", RELEASE, "-n", &j.release_ns, "-o", "yaml"])?;
+    let values_file = std::env::temp_dir().join(format!("journey-values-{}.yaml", j.release_ns));
+    std::fs::write(&values_file, values)?;
+    let values_path = values_file.display().to_string();
+    let rendered = j.tools.helm(&[
+        "template",
+        RELEASE,
+        "charts/sealed-volumes",
+        "-n",
+        &j.release_ns,
+        "-f",
+        &values_path,
+        // Offline, as a GitOps tool renders: the cluster's version given, nothing looked up.
+        "--kube-version",
+        "1.34.0",
+    ])?;
+    let _ = std::fs::remove_file(&values_file);
+    for name in ["peer-token", "peer-tls", "peer-tls-ca"] {
+        let object = format!("name: {RELEASE}-{name}\n");
+        ensure!(
+            !rendered
+                .split("\n---")
+                .any(|doc| doc.contains("\nkind: Secret") && doc.contains(&object)),
+            "helm template renders Secret {RELEASE}-{name}: a GitOps apply would rotate it"
+        );
+    }
+    ensure!(
+        fleet_secrets(j).await? == fleet_before,
+        "the fleet token, CA or certificate changed"
+    );
+    say(
+        "helm upgrade and a helm template render left the fleet token, CA and certificate as they were",
+    );
     j.delete_pod("reading").await?;
     let mut left = Vec::new();
     let gone = wait_for(
