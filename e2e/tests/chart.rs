@@ -546,7 +546,15 @@ fn rbac_is_least_privilege() -> Result<()> {
         expect(OPERATOR, "sealedvolumeversions/finalizers", &["update"]);
         expect(OPERATOR, "secrets", &["get"]);
         expect(OPERATOR, "events", &["create", "patch"]);
-        expect(OPERATOR, "jobs", &[]);
+        // The pod webhook (docs/csi.md, "Tags and rollouts"): a revision's resolved tags are
+        // recorded on its ReplicaSet, Job or ControllerRevision; following workloads get
+        // their template patched; its own configuration's caBundle.
+        expect(OPERATOR, "jobs", &["get", "patch"]);
+        expect(OPERATOR, "replicasets", &["get", "patch"]);
+        expect(OPERATOR, "controllerrevisions", &["get", "patch"]);
+        expect(OPERATOR, "deployments", &["list", "patch"]);
+        expect(OPERATOR, "statefulsets", &["list", "patch"]);
+        expect(OPERATOR, "mutatingwebhookconfigurations", &["get", "update"]);
         expect(OPERATOR, "pods", &[]);
         expect(OPERATOR, "leases", &[]);
         // Jobs, their pods, the leader Lease and the nodes' publication Leases (read) only in

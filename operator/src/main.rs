@@ -14,6 +14,8 @@ use sealed_operator::config::{
 use sealed_operator::sync::failure::hide_store;
 use sealed_operator::sync::job::EXIT_PERMANENT;
 use sealed_operator::sync::{Counters, Credentials, SyncFailure, SyncRequest, Termination};
+use sealed_operator::webhook::placement::Exclusion;
+use sealed_operator::webhook::{AbortOnDrop, WebhookConfig, follow};
 use sealed_operator::{controller, metrics::Metrics};
 use sealed_service::http::{self, Switch};
 use sealed_service::store_args::StoreArgs;
@@ -194,6 +196,43 @@ struct RunArgs {
     /// The label (KEY=VALUE) of namespaces allowed to warm, with --warming labelled
     #[arg(long, env = "SEALED_WARMING_NAMESPACE_LABEL", default_value = sealed_crds::warming::DEFAULT_NAMESPACE_LABEL)]
     warming_namespace_label: String,
+    #[command(flatten)]
+    webhook: WebhookArgs,
+}
+
+/// The pod admission webhook (`sealed_operator::webhook`; docs/csi.md, "Tags and rollouts").
+#[derive(Args)]
+struct WebhookArgs {
+    /// Serve the pod admission webhook (HTTPS) on this address; unset: no webhook
+    #[arg(long, env = "SEALED_WEBHOOK_ADDR")]
+    webhook_addr: Option<SocketAddr>,
+    /// Secret (in the operator's namespace) with the webhook's serving certificate, its CA
+    /// kept in `<name>-ca`; made on first start, renewed when expiring
+    #[arg(
+        long,
+        env = "SEALED_WEBHOOK_SECRET",
+        default_value = "sealed-webhook-tls"
+    )]
+    webhook_secret: String,
+    /// The MutatingWebhookConfiguration whose caBundle the operator keeps
+    #[arg(
+        long,
+        env = "SEALED_WEBHOOK_CONFIGURATION",
+        default_value = "sealed-volumes-pods"
+    )]
+    webhook_configuration: String,
+    /// A name (DNS, or an IP address) the serving certificate is for: the webhook Service's
+    /// names; repeatable, or comma-separated in the environment
+    #[arg(long, env = "SEALED_WEBHOOK_CERT_NAMES", value_delimiter = ',')]
+    webhook_cert_name: Vec<String>,
+    /// nvidia.com/gpu.product values the node plugin does not run on (the plugin's own
+    /// --excluded-gpu-products): pods with sealed volumes get a node affinity that avoids them
+    #[arg(
+        long,
+        env = "SEALED_EXCLUDED_GPU_PRODUCTS",
+        default_value = "Tesla-T4,NVIDIA-T4,T4,NVIDIA-L4,L4"
+    )]
+    excluded_gpu_products: String,
 }
 
 #[derive(Args)]
@@ -329,6 +368,32 @@ async fn run(args: RunArgs, log_json: bool) -> anyhow::Result<()> {
         ));
     }
     let follow_tags = args.webhook.webhook_addr.is_some();
+    // Every replica serves the webhook, leader or not: the Service picks any.
+    let _webhook = match args.webhook.webhook_addr {
+        Some(addr) => {
+            let names: Vec<String> = args
+                .webhook
+                .webhook_cert_name
+                .iter()
+                .map(|n| n.trim().to_owned())
+                .filter(|n| !n.is_empty())
+                .collect();
+            anyhow::ensure!(
+                !names.is_empty(),
+                "--webhook-cert-name is required with --webhook-addr (the webhook Service's DNS names)"
+            );
+            let config = WebhookConfig {
+                addr,
+                namespace: config.namespace.clone(),
+                secret: args.webhook.webhook_secret.clone(),
+                configuration: args.webhook.webhook_configuration.clone(),
+                names,
+                exclusion: Exclusion::parse(&args.webhook.excluded_gpu_products),
+            };
+            Some(sealed_operator::webhook::start(client.clone(), config).await?)
+        }
+        None => None,
+    };
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Switch::new("controllers not running"));
     let listener = http::bind(args.metrics_addr).await?;
@@ -358,6 +423,8 @@ async fn run(args: RunArgs, log_json: bool) -> anyhow::Result<()> {
         }
         metrics.leader.set(1);
         tracing::info!("became leader");
+        // Tag-following rollouts write workloads: the leader's job, with the webhook.
+        let _follow = follow_tags.then(|| AbortOnDrop(tokio::spawn(follow::run(client.clone()))));
         tokio::select! {
             r = controller::run(client, config, store, metrics.clone()) => r?,
             _ = async {
@@ -375,6 +442,7 @@ async fn run(args: RunArgs, log_json: bool) -> anyhow::Result<()> {
     } else {
         health.set(true);
         metrics.leader.set(1);
+        let _follow = follow_tags.then(|| AbortOnDrop(tokio::spawn(follow::run(client.clone()))));
         controller::run(client, config, store, metrics).await?;
     }
     health.set(false);
