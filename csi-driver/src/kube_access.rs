@@ -255,8 +255,9 @@ impl KubeAccess {
     /// Allowed when a SealedVolumeVersion with this digest made by the operator for a volume
     /// of `namespace` exists there (see [`check_version`]), or one made for a volume
     /// elsewhere whose SealedVolume has `spec.shared: true`; `PermissionDenied` otherwise,
-    /// saying what is missing.
-    pub async fn authorize(&self, namespace: &str, digest: &Digest) -> Result<(), CsiError> {
+    /// saying what is missing. `Ok` names the SealedVolume that allows it (`name` in
+    /// `namespace`, `owner-namespace/name` for a shared one).
+    pub async fn authorize(&self, namespace: &str, digest: &Digest) -> Result<String, CsiError> {
         let versions = Api::<SealedVolumeVersion>::all(self.client.clone())
             .list(&ListParams::default().fields(&format!("spec.digest={digest}")))
             .await
@@ -273,7 +274,7 @@ impl KubeAccess {
         let verdict = self.judge_all(namespace, &candidates).await?;
         if let Some(v) = verdict.own {
             tracing::debug!(%digest, namespace, version = ?v.metadata.name, "allowed");
-            return Ok(());
+            return Ok(v.spec.volume.clone());
         }
         for v in &verdict.others {
             let Some(ns) = v.metadata.namespace.as_deref() else {
@@ -295,7 +296,7 @@ impl KubeAccess {
             };
             if volume.is_some_and(|sv| sv.spec.shared && same(&sv)) {
                 tracing::debug!(%digest, namespace, owner = ns, "allowed: shared volume");
-                return Ok(());
+                return Ok(format!("{ns}/{}", v.spec.volume));
             }
         }
         Err(CsiError::PermissionDenied(denial(

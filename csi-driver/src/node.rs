@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use sealed_mount::PrefetchSelection;
 use sealed_store::Digest;
+use sealed_store::profile::ProfileScope;
 use tonic::{Request, Response, Status};
 
 use crate::error::CsiError;
@@ -75,8 +76,10 @@ impl NodeService {
                         .into(),
                 ));
             };
+            // No API server, no namespace: every standalone publish shares one scope.
+            let scope = ProfileScope::new(STANDALONE_SCOPE).map_err(invalid_scope)?;
             return self
-                .mount(checked.volume_id, digest, checked.target, None, req)
+                .mount(checked.volume_id, digest, checked.target, None, scope, req)
                 .await;
         };
         kube.check_csidriver().await?;
@@ -89,12 +92,18 @@ impl NodeService {
                 kube.resolve_tag(&pod.namespace, volume, tag).await?
             }
         };
-        kube.authorize(&pod.namespace, &digest).await?;
+        let allowed_by = kube.authorize(&pod.namespace, &digest).await?;
+        let volume = match &checked.version {
+            VersionRef::Tag { volume, .. } => volume.as_str(),
+            VersionRef::Digest(_) => allowed_by.as_str(),
+        };
+        let scope = profile_scope(&pod.namespace, volume)?;
         self.mount(
             checked.volume_id,
             digest,
             checked.target,
             Some((kube.clone(), pod.clone())),
+            scope,
             req,
         )
         .await?;
@@ -110,6 +119,7 @@ impl NodeService {
         digest: Digest,
         target: PathBuf,
         pod: Option<(Arc<KubeAccess>, PodInfo)>,
+        profile_scope: ProfileScope,
         req: &NodePublishVolumeRequest,
     ) -> Result<(), CsiError> {
         let ephemeral = req
@@ -132,6 +142,7 @@ impl NodeService {
                 // Checked in `check_publish` already, before any API call.
                 prefetch: prefetch_from_context(&req.volume_context)?,
                 learned_prefetch: learned_prefetch_from_context(&req.volume_context)?,
+                profile_scope,
             })
             .await?;
         // A mount this publish made: its cold start is recorded once its readers go quiet.
@@ -297,6 +308,20 @@ pub fn prefetch_from_context(
              globs ('model,*.json' adds globs to model)"
         ))
     })
+}
+
+/// The learned-profile scope of standalone publishes (no API server, no namespace).
+pub const STANDALONE_SCOPE: &str = "standalone";
+
+/// The learned-profile scope of a pod of `namespace` reading SealedVolume `volume`: a profile
+/// its readers record steers only mounts of the same namespace and volume (docs/mount.md,
+/// "Learned prefetch").
+pub fn profile_scope(namespace: &str, volume: &str) -> Result<ProfileScope, CsiError> {
+    ProfileScope::new(&format!("{namespace}/{volume}")).map_err(invalid_scope)
+}
+
+fn invalid_scope(e: sealed_store::profile::ScopeError) -> CsiError {
+    CsiError::InvalidArgument(format!("learned prefetch: {e}"))
 }
 
 /// Whether the volume lets its mount replay and record learned prefetch profiles (attribute
@@ -546,6 +571,18 @@ mod tests {
         ));
         assert!(is_object_name("llama-3.8b") && !is_object_name(&"a".repeat(254)));
         assert!(is_dns_label("ml") && !is_dns_label("m.l") && !is_dns_label(""));
+    }
+
+    #[test]
+    fn profile_scopes_are_per_namespace_and_volume() {
+        let a = profile_scope("team-a", "llama").unwrap();
+        assert_eq!(a.as_str(), "team-a/llama");
+        assert_ne!(a.id(), profile_scope("team-b", "llama").unwrap().id());
+        assert_ne!(a.id(), profile_scope("team-a", "llama-2").unwrap().id());
+        // A shared volume of another namespace: still the reader's namespace first.
+        let shared = profile_scope("team-b", "team-a/llama").unwrap();
+        assert_eq!(shared.as_str(), "team-b/team-a/llama");
+        assert_ne!(a.as_str(), STANDALONE_SCOPE);
     }
 
     #[test]

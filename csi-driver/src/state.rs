@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sealed_mount::{MountHandle, MountOptions, NodeCache, PrefetchSelection};
+use sealed_mount::{MountHandle, MountOptions, NodeCache};
 use sealed_store::{ChunkStore, Digest, Manifest, StoreOptions};
 use tokio::sync::Mutex;
 
@@ -148,20 +148,16 @@ impl Driver {
 
     /// [`Driver::mount_options_for`] with the prefetch a publish asked for (its `prefetch`
     /// and `learnedPrefetch` attributes), else the plugin's defaults (`--prefetch`,
-    /// `--learned-prefetch`).
-    fn mount_options_with(
-        &self,
-        digest: &Digest,
-        prefetch: Option<&PrefetchSelection>,
-        learned_prefetch: Option<bool>,
-    ) -> MountOptions {
+    /// `--learned-prefetch`), and the publish's learned-profile scope.
+    fn mount_options_with(&self, digest: &Digest, publish: &Publish) -> MountOptions {
         let mut options = self.mount_options_for(digest);
-        if let Some(selection) = prefetch {
+        if let Some(selection) = &publish.prefetch {
             options.prefetch = selection.clone();
         }
-        if let Some(on) = learned_prefetch {
+        if let Some(on) = publish.learned_prefetch {
             options.learned_prefetch = on;
         }
+        options.profile_scope = publish.profile_scope.clone();
         options
     }
 

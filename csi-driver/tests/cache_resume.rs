@@ -85,8 +85,8 @@ fn right_or_eio(path: &Path, want: &[u8]) -> bool {
     fn plain(path: &Path) -> std::io::Result<Vec<u8>> {
         std::fs::read(path)
     }
-    let ways: [(&str, fn(&Path) -> std::io::Result<Vec<u8>>); 2] =
-        [("read", plain), ("O_DIRECT", read_direct)];
+    type Read = fn(&Path) -> std::io::Result<Vec<u8>>;
+    let ways: [(&str, Read); 2] = [("read", plain), ("O_DIRECT", read_direct)];
     for (how, read) in ways {
         let got = loop {
             match read(path) {

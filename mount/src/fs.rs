@@ -14,7 +14,7 @@ use tokio::sync::Semaphore;
 use crate::cold_start::ColdStart;
 use crate::error::{FetchError, FsError};
 use crate::fetch::NodeCache;
-use crate::learned::ProfileRecorder;
+use crate::learned::{ProfileRecorder, ReplayWatch};
 use crate::limits::MountLimits;
 use crate::link::Link;
 use crate::metrics::MountMetrics;
@@ -54,6 +54,8 @@ pub struct SealedFs {
     cold_start: Arc<ColdStart>,
     /// Set when this mount records the learned prefetch profile (`crate::learned`).
     recorder: OnceLock<ProfileRecorder>,
+    /// Set when this mount replays a learned prefetch profile: what its readers ask for.
+    replay: OnceLock<ReplayWatch>,
     /// The store link's measured bandwidth-delay product sizes readahead (`crate::link`).
     link: Arc<Link>,
 }
@@ -108,6 +110,7 @@ impl SealedFs {
             model: ModelPrefetch::new(per_mount),
             cold_start: Arc::new(ColdStart::default()),
             recorder: OnceLock::new(),
+            replay: OnceLock::new(),
         }
     }
 
@@ -147,6 +150,15 @@ impl SealedFs {
 
     pub(crate) fn recorder(&self) -> Option<&ProfileRecorder> {
         self.recorder.get()
+    }
+
+    /// Starts watching readers for the replay of a profile of these chunks (once per mount).
+    pub(crate) fn watch_replay(&self, profile: std::collections::HashSet<Digest>) -> &ReplayWatch {
+        self.replay.get_or_init(|| ReplayWatch::new(profile))
+    }
+
+    pub(crate) fn replay_watch(&self) -> Option<&ReplayWatch> {
+        self.replay.get()
     }
 
     pub(crate) fn model_prefetch(&self) -> &ModelPrefetch {
@@ -423,8 +435,13 @@ impl SealedFs {
         let end = offset.saturating_add(u64::from(size)).min(file.size);
         let range = chunk_range(starts, offset, end);
         let wanted = file.chunks.get(range.clone()).unwrap_or_default();
-        if reader && let Some(recorder) = self.recorder.get() {
-            recorder.record(wanted);
+        if reader {
+            if let Some(recorder) = self.recorder.get() {
+                recorder.record(wanted);
+            }
+            if let Some(watch) = self.replay.get() {
+                watch.observe(wanted);
+            }
         }
         // At most `fetches_per_read` chunks at once, in order: a read over a million tiny
         // chunks must not start a million fetches. Each chunk's bytes are verified against

@@ -9,11 +9,21 @@
 //!   guess, not what the workload read. It ends with the cold start (readers quiet for
 //!   [`crate::cold_start::QUIET`] after their first byte, or [`crate::cold_start::LONGEST`]) or at unmount,
 //!   and the profile is written once (conditional create: the first mount to finish wins).
+//! - **Scope.** A profile is stored and looked up under the mount's scope
+//!   ([`sealed_store::profile::ProfileScope`]: in the CSI plugin the pod's namespace and
+//!   SealedVolume, for `sealed mount` its `--profile-scope`): readers in one tenant's scope
+//!   never steer what another's mounts fetch. Unscoped profiles of earlier releases are not
+//!   read.
 //! - **Replay** trusts the profile for order only: it is decoded with bounds, must name this
 //!   manifest and only its chunks, and every chunk is still fetched through the verified path.
 //!   A profile that fails any check is ignored (logged, counted by reason), never a mount
 //!   error. It needs the disk tier: the bounded memory tier would evict chunks fetched far
 //!   ahead of the loader before it reads them.
+//! - **Replay follows the readers** ([`ReplayWatch`]): it starts at the first read and fetches
+//!   at most [`REPLAY_READ_MULTIPLE`] times the bytes of the chunks readers asked for so far,
+//!   and it stops for good as soon as readers diverge from the profile (more than one in
+//!   [`DIVERGENCE_RATIO`] of the chunks they asked for is not in it) or go quiet. Even within
+//!   one scope, a profile steers no mount much further than its own readers go.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -22,10 +32,12 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use parking_lot::Mutex;
-use sealed_store::profile::MAX_PROFILE_ENTRIES;
+use sealed_store::profile::{MAX_PROFILE_ENTRIES, ProfileScope};
 use sealed_store::{ChunkRef, Digest, Profile, ProfileError};
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use crate::error::FetchError;
 use crate::fs::SealedFs;
 use crate::metrics::MountMetrics;
 
@@ -33,6 +45,13 @@ use crate::metrics::MountMetrics;
 const POLL: Duration = Duration::from_millis(500);
 /// How long an unmount waits for the profile to be written.
 const WRITE_AT_UNMOUNT: Duration = Duration::from_secs(5);
+/// A replay fetches at most this many times the bytes readers asked for: a loader that reads
+/// what the profile says is soon far behind it (the bound grows with every chunk it reads),
+/// one that reads a small file of a large version makes it fetch little more than that file.
+pub const REPLAY_READ_MULTIPLE: u64 = 8;
+/// Readers diverged once more than one in this many of the chunks they asked for since the
+/// replay began is not in the profile (any miss before eight hits).
+pub const DIVERGENCE_RATIO: u64 = 8;
 
 /// Records first reads, at most [`MAX_PROFILE_ENTRIES`] entries.
 pub(crate) struct ProfileRecorder {
@@ -99,19 +118,122 @@ impl ProfileRecorder {
     }
 }
 
+/// What readers ask for while a profile is replayed: the replay's budget and its brake.
+pub(crate) struct ReplayWatch {
+    /// Set once the replay ended: reads after it skip the lock.
+    ended: AtomicBool,
+    inner: Mutex<Demand>,
+    /// Woken when readers ask for a chunk they had not asked for before.
+    grew: Notify,
+}
+
+struct Demand {
+    /// The profile's chunks.
+    profile: HashSet<Digest>,
+    /// The distinct chunks readers asked for, their bytes, and how many are (not) in the
+    /// profile.
+    seen: HashSet<Digest>,
+    read_bytes: u64,
+    on_profile: u64,
+    off_profile: u64,
+    /// Bytes the replay set out to fetch.
+    fetched: u64,
+}
+
+/// What the replay may do with its next chunk.
+#[derive(Debug, PartialEq, Eq)]
+enum Admit {
+    Fetch,
+    Wait,
+    Diverged,
+}
+
+impl ReplayWatch {
+    pub(crate) fn new(profile: HashSet<Digest>) -> ReplayWatch {
+        ReplayWatch {
+            ended: AtomicBool::new(false),
+            inner: Mutex::new(Demand {
+                profile,
+                seen: HashSet::new(),
+                read_bytes: 0,
+                on_profile: 0,
+                off_profile: 0,
+                fetched: 0,
+            }),
+            grew: Notify::new(),
+        }
+    }
+
+    /// A reader asked for `chunks`.
+    pub(crate) fn observe(&self, chunks: &[ChunkRef]) {
+        if self.ended.load(Ordering::Acquire) {
+            return;
+        }
+        let mut grew = false;
+        {
+            let mut d = self.inner.lock();
+            for chunk in chunks {
+                if !d.seen.insert(chunk.digest) {
+                    continue;
+                }
+                d.read_bytes = d.read_bytes.saturating_add(u64::from(chunk.len));
+                if d.profile.contains(&chunk.digest) {
+                    d.on_profile = d.on_profile.saturating_add(1);
+                } else {
+                    d.off_profile = d.off_profile.saturating_add(1);
+                }
+                grew = true;
+            }
+        }
+        if grew {
+            self.grew.notify_waiters();
+        }
+    }
+
+    fn end(&self) {
+        self.ended.store(true, Ordering::Release);
+        let mut d = self.inner.lock();
+        d.seen = HashSet::new();
+        d.profile = HashSet::new();
+    }
+
+    /// Whether the replay may set out to fetch `len` more bytes now (`local`: the chunk is
+    /// here or coming already, and costs nothing).
+    fn admit(&self, len: u64, local: bool) -> Admit {
+        let mut d = self.inner.lock();
+        if d.off_profile > d.on_profile / DIVERGENCE_RATIO {
+            return Admit::Diverged;
+        }
+        if local {
+            return Admit::Fetch;
+        }
+        let budget = d.read_bytes.saturating_mul(REPLAY_READ_MULTIPLE);
+        match d.fetched.checked_add(len) {
+            Some(total) if total <= budget => {
+                d.fetched = total;
+                Admit::Fetch
+            }
+            _ => Admit::Wait,
+        }
+    }
+}
+
 /// A mount's learned prefetch: replaying a stored profile, or recording one.
 pub(crate) struct LearnedPrefetch {
     task: JoinHandle<()>,
+    scope: ProfileScope,
 }
 
 impl LearnedPrefetch {
-    /// Starts it for `fs` (needs a tokio runtime context), before the mount serves its first
-    /// request: recording begins at once, so that reads made while the stored profile is
-    /// looked up are not missed; a profile found there ends the recording unwritten.
-    pub(crate) fn start(fs: Arc<SealedFs>) -> LearnedPrefetch {
+    /// Starts it for `fs` in `scope` (needs a tokio runtime context), before the mount serves
+    /// its first request: recording begins at once, so that reads made while the stored
+    /// profile is looked up are not missed; a profile found there ends the recording
+    /// unwritten.
+    pub(crate) fn start(fs: Arc<SealedFs>, scope: ProfileScope) -> LearnedPrefetch {
         fs.start_recording();
         LearnedPrefetch {
-            task: tokio::spawn(run(fs)),
+            task: tokio::spawn(run(fs, scope.clone())),
+            scope,
         }
     }
 
@@ -119,9 +241,12 @@ impl LearnedPrefetch {
     /// waiting at most [`WRITE_AT_UNMOUNT`]; a replay stops.
     pub(crate) async fn finish(&self, fs: &SealedFs) {
         if fs.recorder().is_some() {
-            let _ = tokio::time::timeout(WRITE_AT_UNMOUNT, write(fs)).await;
+            let _ = tokio::time::timeout(WRITE_AT_UNMOUNT, write(fs, &self.scope)).await;
         }
         self.task.abort();
+        if let Some(watch) = fs.replay_watch() {
+            watch.end();
+        }
     }
 }
 
@@ -131,10 +256,10 @@ impl Drop for LearnedPrefetch {
     }
 }
 
-async fn run(fs: Arc<SealedFs>) {
+async fn run(fs: Arc<SealedFs>, scope: ProfileScope) {
     let digest = *fs.digest();
     let metrics = fs.metrics();
-    let stored = match fs.store().get_profile_bytes(&digest).await {
+    let stored = match fs.store().get_profile_bytes(&digest, &scope).await {
         Ok(stored) => stored,
         Err(sealed_store::Error::ResponseTooLarge { .. }) => {
             abandon_recording(&fs);
@@ -153,15 +278,41 @@ async fn run(fs: Arc<SealedFs>) {
         }
     };
     let Some(bytes) = stored else {
-        record(&fs).await;
+        record(&fs, &scope).await;
         return;
     };
     // A profile is stored (usable or not): this mount is not the first, nothing to record.
-    abandon_recording(&fs);
-    match resolve(&fs, &bytes) {
-        Ok(chunks) => replay(&fs, chunks).await,
-        Err(e) => ignored(metrics, &digest, &e),
+    let chunks = match resolve(&fs, &bytes) {
+        Ok(chunks) => chunks,
+        Err(e) => {
+            abandon_recording(&fs);
+            ignored(metrics, &digest, &e);
+            return;
+        }
+    };
+    if fs.cache().disk().is_none() {
+        abandon_recording(&fs);
+        tracing::info!(%digest, "no disk cache: the learned prefetch profile is not replayed");
+        return;
     }
+    // Watching from before the recording ends, whose reads so far count too (a chunk seen
+    // by both counts once).
+    let watch = fs.watch_replay(chunks.iter().map(|c| c.digest).collect());
+    if let Some(early) = fs.recorder().and_then(ProfileRecorder::finish) {
+        let known: HashMap<Digest, ChunkRef> = fs
+            .tree()
+            .files()
+            .flat_map(|(_, f)| f.chunks.iter().map(|c| (c.digest, *c)))
+            .collect();
+        let read: Vec<ChunkRef> = early
+            .chunks
+            .iter()
+            .filter_map(|d| known.get(d).copied())
+            .collect();
+        watch.observe(&read);
+    }
+    replay(&fs, watch, chunks).await;
+    watch.end();
 }
 
 /// The profile in `bytes` as chunks of this mount's version, in profile order.
@@ -188,7 +339,7 @@ fn abandon_recording(fs: &SealedFs) {
 }
 
 /// Records until the cold start is over (or the mount ends), then writes the profile.
-async fn record(fs: &SealedFs) {
+async fn record(fs: &SealedFs, scope: &ProfileScope) {
     let Some(recorder) = fs.recorder() else {
         return;
     };
@@ -198,22 +349,22 @@ async fn record(fs: &SealedFs) {
             break;
         }
     }
-    write(fs).await;
+    write(fs, scope).await;
 }
 
-/// Ends the recording and writes its profile (once; nothing if nothing was read).
-async fn write(fs: &SealedFs) {
+/// Ends the recording and writes its profile in `scope` (once; nothing if nothing was read).
+async fn write(fs: &SealedFs, scope: &ProfileScope) {
     let Some(profile) = fs.recorder().and_then(ProfileRecorder::finish) else {
         return;
     };
     let metrics = fs.metrics();
     let entries = profile.chunks.len();
-    match fs.store().put_profile(&profile).await {
+    match fs.store().put_profile(&profile, scope).await {
         Ok(written) => {
             if written {
                 MountMetrics::inc(&metrics.learned_profiles_written);
             }
-            tracing::info!(digest = %profile.manifest, entries, written, "learned prefetch profile recorded");
+            tracing::info!(digest = %profile.manifest, %scope, entries, written, "learned prefetch profile recorded");
         }
         Err(e) => {
             MountMetrics::inc(&metrics.learned_profile_write_failures);
@@ -222,41 +373,116 @@ async fn write(fs: &SealedFs) {
     }
 }
 
-/// Fetches `chunks` in order, as many at once as the mount's prefetch slots allow, then
-/// assembles the files they complete for passthrough.
-async fn replay(fs: &SealedFs, chunks: Vec<ChunkRef>) {
+/// Fetches `chunks` in order, as many at once as the mount's prefetch slots allow and as far
+/// as `watch` lets it (see [`ReplayWatch`]), then assembles the files it completed for
+/// passthrough.
+async fn replay(fs: &SealedFs, watch: &ReplayWatch, chunks: Vec<ChunkRef>) {
     let digest = fs.digest();
-    if fs.cache().disk().is_none() {
-        tracing::info!(%digest, "no disk cache: the learned prefetch profile is not replayed");
-        return;
-    }
     let metrics = fs.metrics();
     MountMetrics::inc(&metrics.learned_profiles_replayed);
     let entries = chunks.len();
-    let wanted: HashSet<Digest> = chunks.iter().map(|c| c.digest).collect();
-    let results: Vec<_> = futures::stream::iter(chunks)
-        .map(|chunk| crate::prefetch::fetch_ahead(fs, chunk))
-        .buffered(fs.fetches_per_read())
-        .collect()
-        .await;
-    let mut failed = 0u64;
-    for result in results {
+    let width = fs.fetches_per_read().max(1);
+    let mut pending = chunks.into_iter();
+    let mut flights = futures::stream::FuturesUnordered::new();
+    let (mut tally, mut stopped, mut exhausted) = (Tally::default(), false, false);
+    // A plain loop, not stream combinators: closures over references that return futures make
+    // the task's future lose `Send` (a higher-ranked lifetime the compiler cannot prove).
+    loop {
+        let next = if stopped || exhausted || flights.len() >= width {
+            None
+        } else {
+            let next = pending.next();
+            exhausted = next.is_none();
+            next
+        };
+        let Some(chunk) = next else {
+            match flights.next().await {
+                Some(result) => tally.add(result, metrics, digest),
+                None if stopped || exhausted => break,
+                None => {}
+            }
+            continue;
+        };
+        // Waiting for the readers while the fetches under way go on.
+        let admission = admit(fs, watch, chunk);
+        tokio::pin!(admission);
+        let admitted = loop {
+            tokio::select! {
+                admitted = &mut admission => break admitted,
+                Some(result) = flights.next(), if !flights.is_empty() => {
+                    tally.add(result, metrics, digest);
+                }
+            }
+        };
+        match admitted {
+            Some(chunk) => flights.push(crate::prefetch::fetch_ahead(fs, chunk)),
+            None => stopped = true,
+        }
+    }
+    if stopped {
+        MountMetrics::inc(&metrics.learned_replays_stopped);
+    }
+    tracing::info!(%digest, entries, admitted = tally.done, failed = tally.failed, stopped,
+        "learned prefetch profile replayed");
+    fs.cache().flush().await;
+    // Only files whose every chunk is here: assembling fetches what is missing, which would
+    // step past the replay's bound.
+    for (_, file) in fs.tree().files() {
+        let complete = file.chunks.len() > 1
+            && file
+                .chunks
+                .iter()
+                .all(|c| fs.cache().is_local_or_coming(&c.digest));
+        if complete && let Err(e) = crate::hydrate::assemble(fs.cache(), fs.store(), file).await {
+            tracing::warn!(blake3 = %file.blake3, error = %e, "assembling a replayed file failed");
+        }
+    }
+}
+
+/// The replay's fetches so far.
+#[derive(Default)]
+struct Tally {
+    done: u64,
+    failed: u64,
+}
+
+impl Tally {
+    fn add(&mut self, result: Result<bool, FetchError>, metrics: &MountMetrics, digest: &Digest) {
+        self.done += 1;
         match result {
             Ok(true) => MountMetrics::inc(&metrics.learned_prefetch_chunks),
             Ok(false) => {}
             Err(e) => {
-                failed += 1;
+                self.failed += 1;
                 tracing::debug!(%digest, error = %e, "learned prefetch of a chunk failed");
             }
         }
     }
-    tracing::info!(%digest, entries, failed, "learned prefetch profile replayed");
-    fs.cache().flush().await;
-    for (_, file) in fs.tree().files() {
-        let complete =
-            file.chunks.len() > 1 && file.chunks.iter().all(|c| wanted.contains(&c.digest));
-        if complete && let Err(e) = crate::hydrate::assemble(fs.cache(), fs.store(), file).await {
-            tracing::warn!(blake3 = %file.blake3, error = %e, "assembling a replayed file failed");
+}
+
+/// Waits until `watch` lets the replay fetch `chunk`; `None` once readers diverged from the
+/// profile, or went quiet before asking for enough.
+async fn admit(fs: &SealedFs, watch: &ReplayWatch, chunk: ChunkRef) -> Option<ChunkRef> {
+    loop {
+        // Registered before looking, so that a read in between is not missed.
+        let grew = watch.grew.notified();
+        tokio::pin!(grew);
+        grew.as_mut().enable();
+        let local = fs.cache().is_local_or_coming(&chunk.digest);
+        match watch.admit(u64::from(chunk.len), local) {
+            Admit::Fetch => return Some(chunk),
+            Admit::Diverged => {
+                tracing::info!(digest = %fs.digest(), "readers diverged from the learned prefetch profile: replay stopped");
+                return None;
+            }
+            Admit::Wait => {}
+        }
+        if fs.cold_start().snapshot().is_over() {
+            return None;
+        }
+        tokio::select! {
+            _ = &mut grew => {}
+            _ = tokio::time::sleep(POLL) => {}
         }
     }
 }
@@ -282,6 +508,42 @@ mod tests {
         assert_eq!(p.manifest, Digest::of(b"m"));
         r.record(&[c(4)]);
         assert!(r.finish().is_none(), "finished once");
+    }
+
+    #[test]
+    fn replay_stays_within_a_multiple_of_what_was_read() {
+        let w = ReplayWatch::new([c(0).digest, c(1).digest].into());
+        assert_eq!(w.admit(1, false), Admit::Wait, "nothing read yet");
+        assert_eq!(
+            w.admit(1, true),
+            Admit::Fetch,
+            "a local chunk costs nothing"
+        );
+        w.observe(&[c(0)]);
+        for _ in 0..REPLAY_READ_MULTIPLE {
+            assert_eq!(w.admit(1, false), Admit::Fetch);
+        }
+        assert_eq!(w.admit(1, false), Admit::Wait);
+        w.observe(&[c(0)]);
+        assert_eq!(
+            w.admit(1, false),
+            Admit::Wait,
+            "a chunk read again is no new demand"
+        );
+    }
+
+    #[test]
+    fn replay_stops_when_readers_leave_the_profile() {
+        let profile: HashSet<Digest> = (0..20).map(|i| c(i).digest).collect();
+        let w = ReplayWatch::new(profile);
+        w.observe(&[c(100)]);
+        assert_eq!(w.admit(1, true), Admit::Diverged, "a miss before any hit");
+        let w = ReplayWatch::new((0..20).map(|i| c(i).digest).collect());
+        w.observe(&(0..16).map(c).collect::<Vec<_>>());
+        w.observe(&[c(100), c(101)]);
+        assert_eq!(w.admit(1, false), Admit::Fetch, "two misses in eighteen");
+        w.observe(&[c(102)]);
+        assert_eq!(w.admit(1, false), Admit::Diverged);
     }
 
     #[test]

@@ -44,6 +44,7 @@ mod verify;
 pub use error::{FetchError, FsError, MountError};
 pub use fetch::{FetchPolicy, NodeCache, NodeCacheOptions};
 pub use fs::{SealedFs, StatFs};
+pub use learned::{DIVERGENCE_RATIO, REPLAY_READ_MULTIPLE};
 pub use limits::MountLimits;
 pub use metrics::{HistogramSnapshot, MetricsSnapshot, MountMetrics, Tier};
 pub use peer::{PeerAnswer, PeerTier};

@@ -99,6 +99,9 @@ pub struct MountMetrics {
     pub learned_prefetch_chunks: AtomicU64,
     pub learned_profiles_written: AtomicU64,
     pub learned_profile_write_failures: AtomicU64,
+    /// Replays that stopped before the end of their profile: readers diverged from it, or
+    /// went quiet before asking for enough to pay for the rest (`crate::learned`).
+    pub learned_replays_stopped: AtomicU64,
     /// Stored profiles not used, by [`PROFILE_IGNORE_REASONS`].
     pub learned_profiles_ignored: [AtomicU64; 4],
     /// Latency of chunk lookups answered by each tier ([`Tier`]), successful ones only.
@@ -232,6 +235,7 @@ pub struct MetricsSnapshot {
     pub learned_prefetch_chunks: u64,
     pub learned_profiles_written: u64,
     pub learned_profile_write_failures: u64,
+    pub learned_replays_stopped: u64,
     /// By [`PROFILE_IGNORE_REASONS`].
     pub learned_profiles_ignored: [u64; 4],
 }
@@ -304,6 +308,7 @@ impl MountMetrics {
             learned_prefetch_chunks: g(&self.learned_prefetch_chunks),
             learned_profiles_written: g(&self.learned_profiles_written),
             learned_profile_write_failures: g(&self.learned_profile_write_failures),
+            learned_replays_stopped: g(&self.learned_replays_stopped),
             learned_profiles_ignored: self.learned_profiles_ignored.each_ref().map(g),
         }
     }

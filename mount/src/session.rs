@@ -10,6 +10,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
+use sealed_store::profile::ProfileScope;
 use sealed_store::{ChunkStore, Digest, Manifest};
 use tokio::sync::watch;
 
@@ -59,6 +60,9 @@ pub struct MountOptions {
     /// one from this mount's first reads and store it. A resumed mount does neither. Off in
     /// the library's default; `sealed mount` and the CSI plugin turn it on unless told not to.
     pub learned_prefetch: bool,
+    /// Whose readers a learned profile is recorded from and replayed for
+    /// (`crate::learned`): a mount replays only a profile of its own scope.
+    pub profile_scope: ProfileScope,
 }
 
 impl Default for MountOptions {
@@ -75,6 +79,7 @@ impl Default for MountOptions {
             passthrough: true,
             io_mode_record: None,
             learned_prefetch: false,
+            profile_scope: ProfileScope::default(),
         }
     }
 }
@@ -581,8 +586,8 @@ async fn start(
         None
     };
     // Before the first request is served, so that the recording sees the first read.
-    let learned =
-        (options.learned_prefetch && !resumed).then(|| LearnedPrefetch::start(fs.clone()));
+    let learned = (options.learned_prefetch && !resumed)
+        .then(|| LearnedPrefetch::start(fs.clone(), options.profile_scope.clone()));
     let (tx, ended) = watch::channel(false);
     let thread = std::thread::Builder::new()
         .name("sealed-fuse".into())

@@ -14,8 +14,10 @@ use std::time::{Duration, Instant};
 use common::*;
 use object_store::PutPayload;
 use sealed_mount::metrics::PROFILE_IGNORE_REASONS;
-use sealed_mount::{MountHandle, MountOptions, NodeCache, NodeCacheOptions, ReadaheadPolicy};
-use sealed_store::profile::MAX_PROFILE_BYTES;
+use sealed_mount::{
+    MountHandle, MountOptions, NodeCache, NodeCacheOptions, REPLAY_READ_MULTIPLE, ReadaheadPolicy,
+};
+use sealed_store::profile::{MAX_PROFILE_BYTES, ProfileScope};
 use sealed_store::{ChunkStore, Digest, EntryKind, Manifest, Profile, layout};
 
 /// A node: its own disk cache.
@@ -67,6 +69,27 @@ fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+fn file_of<'a>(manifest: &'a Manifest, rel: &str) -> &'a sealed_store::FileEntry {
+    manifest
+        .files()
+        .find(|(p, _)| *p == rel)
+        .map(|(_, f)| f)
+        .unwrap_or_else(|| panic!("{rel} is in the version"))
+}
+
+/// The bytes of `rel`'s chunks (what reading it all fetches).
+fn bytes_of(manifest: &Manifest, rel: &str) -> u64 {
+    file_of(manifest, rel)
+        .chunks
+        .iter()
+        .map(|c| u64::from(c.len))
+        .sum()
+}
+
+fn manifest_chunk_len(manifest: &Manifest, rel: &str, index: usize) -> u64 {
+    u64::from(file_of(manifest, rel).chunks[index].len)
+}
+
 fn chunks_of(manifest: &Manifest, rel: &str) -> Vec<Digest> {
     manifest
         .entries
@@ -93,18 +116,28 @@ fn workload(dir: &Path, src: &Path) {
     assert_eq!(head, want[..1 << 20]);
 }
 
+/// The profile stored for `digest` in the default scope (`sealed mount`'s).
 fn stored_profile(
     rt: &tokio::runtime::Runtime,
     store: &ChunkStore,
     digest: &Digest,
 ) -> Option<Profile> {
-    rt.block_on(store.get_profile_bytes(digest))
+    stored_profile_in(rt, store, digest, &ProfileScope::default())
+}
+
+fn stored_profile_in(
+    rt: &tokio::runtime::Runtime,
+    store: &ChunkStore,
+    digest: &Digest,
+    scope: &ProfileScope,
+) -> Option<Profile> {
+    rt.block_on(store.get_profile_bytes(digest, scope))
         .unwrap()
         .map(|b| Profile::decode(&b, digest).expect("a well-formed profile"))
 }
 
 #[test]
-fn a_first_mount_records_and_another_node_replays_before_anything_is_read() {
+fn a_first_mount_records_and_another_node_replays_ahead_of_its_reader() {
     if !fuse_available() {
         return;
     }
@@ -140,26 +173,36 @@ fn a_first_mount_records_and_another_node_replays_before_anything_is_read() {
         profile.chunks.len()
     );
 
-    // Node B: its own cache; before any read, exactly the profile's chunks are fetched.
+    // Node B: its own cache. Nothing is fetched before the first read; reading small.bin
+    // lets the replay fetch the rest of the profile (the model's first chunk) ahead of the
+    // reader, within REPLAY_READ_MULTIPLE times what was read. Every chunk is fetched once.
     let (faulty_b, store_b) = faulty(&fx.store);
     let cache_b = node_cache(&work.path().join("cache-b"));
     let b = mount(&rt, &store_b, fx.digest, &mnt_b, cache_b.clone(), true);
     let m = cache_b.metrics();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(faulty_b.gets(), 0, "the replay waits for a reader");
+    let small_read = bytes_of(&manifest, "weights/small.bin");
+    let model_first = manifest_chunk_len(&manifest, "weights/model-00001.bin", 0);
+    assert!(
+        model_first <= REPLAY_READ_MULTIPLE * small_read,
+        "fixture: the model's first chunk fits the bound small.bin makes"
+    );
+    assert_eq!(
+        std::fs::read(mnt_b.join("weights/small.bin")).unwrap(),
+        std::fs::read(fx.src.join("weights/small.bin")).unwrap()
+    );
+    // The model's first chunk is fetched by the replay, before its reader asks.
     wait_for("the replay", || {
-        m.snapshot().learned_prefetch_chunks == profile.chunks.len() as u64
+        faulty_b.gets() > small.len() as u64 && m.snapshot().learned_prefetch_chunks >= 1
     });
     assert_eq!(m.snapshot().learned_profiles_replayed, 1);
-    assert_eq!(
-        faulty_b.gets(),
-        profile.chunks.len() as u64,
-        "each profile chunk fetched once"
-    );
     // The same workload now reads only local chunks: not one more GET.
     workload(&mnt_b, &fx.src);
     assert_eq!(
         faulty_b.gets(),
         profile.chunks.len() as u64,
-        "the reads waited on nothing"
+        "each profile chunk fetched once, nothing else"
     );
     rt.block_on(b.unmount()).unwrap();
     assert_eq!(
@@ -172,6 +215,178 @@ fn a_first_mount_records_and_another_node_replays_before_anything_is_read() {
         Some(profile),
         "first writer wins"
     );
+}
+
+/// `mount` in `scope`, learned prefetch on.
+fn mount_in(
+    rt: &tokio::runtime::Runtime,
+    store: &ChunkStore,
+    digest: Digest,
+    dir: &Path,
+    cache: NodeCache,
+    scope: &ProfileScope,
+) -> MountHandle {
+    let options = MountOptions {
+        profile_scope: scope.clone(),
+        ..options(true)
+    };
+    rt.block_on(MountHandle::spawn(
+        store.clone(),
+        digest,
+        dir,
+        cache,
+        options,
+    ))
+    .unwrap()
+}
+
+const EVERY_FILE: [&str; 5] = [
+    "weights/small.bin",
+    "weights/model-00001.bin",
+    "weights/model-copy.bin",
+    "config.json",
+    "tiny.txt",
+];
+
+/// A first reader that touches everything.
+fn read_all(dir: &Path, src: &Path, files: &[&str]) {
+    for rel in files {
+        assert!(
+            std::fs::read(dir.join(rel)).unwrap() == std::fs::read(src.join(rel)).unwrap(),
+            "{rel}"
+        );
+    }
+}
+
+/// A first mount in `scope` (its own cache) whose reader reads `files`; its profile stored.
+fn learn(
+    rt: &tokio::runtime::Runtime,
+    fx: &Fixture,
+    work: &Path,
+    scope: &ProfileScope,
+    files: &[&str],
+) -> Profile {
+    let name = scope.id().hex();
+    let (mnt, cache) = (
+        work.join(&name[..8]),
+        work.join(format!("cache-{}", &name[..8])),
+    );
+    std::fs::create_dir_all(&mnt).unwrap();
+    let handle = mount_in(rt, &fx.store, fx.digest, &mnt, node_cache(&cache), scope);
+    read_all(&mnt, &fx.src, files);
+    rt.block_on(handle.unmount()).unwrap();
+    stored_profile_in(rt, &fx.store, &fx.digest, scope).expect("stored at unmount")
+}
+
+#[test]
+fn a_profile_learned_in_one_namespace_steers_no_mount_in_another() {
+    if !fuse_available() {
+        return;
+    }
+    // Issue 34: a first reader in namespace A touched everything; a fresh node's mount of
+    // the same digest for namespace B reads one small file. It fetches that file's chunks
+    // and nothing of A's profile.
+    let rt = runtime();
+    let fx = rt.block_on(fixture());
+    let manifest = rt.block_on(fx.store.get_manifest(&fx.digest)).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let (a, b) = (
+        ProfileScope::new("team-a/model").unwrap(),
+        ProfileScope::new("team-b/model").unwrap(),
+    );
+    let profile = learn(&rt, &fx, work.path(), &a, &EVERY_FILE);
+    let small = chunks_of(&manifest, "weights/small.bin");
+    assert!(profile.chunks.len() > 3 * small.len(), "{profile:?}");
+    assert_eq!(stored_profile_in(&rt, &fx.store, &fx.digest, &b), None);
+
+    let (counted, store) = faulty(&fx.store);
+    let cache = node_cache(&work.path().join("cache-b"));
+    let mnt = work.path().join("b");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let handle = mount_in(&rt, &store, fx.digest, &mnt, cache.clone(), &b);
+    read_all(&mnt, &fx.src, &["weights/small.bin"]);
+    // Time for a replay to show, if there were one.
+    std::thread::sleep(Duration::from_millis(1500));
+    let s = cache.metrics().snapshot();
+    assert_eq!(
+        counted.gets(),
+        small.len() as u64,
+        "only small.bin's chunks"
+    );
+    assert_eq!(
+        s.store_bytes_fetched,
+        bytes_of(&manifest, "weights/small.bin")
+    );
+    assert_eq!(s.learned_profiles_replayed, 0);
+    rt.block_on(handle.unmount()).unwrap();
+    // B learned its own; A's is unchanged.
+    let own = stored_profile_in(&rt, &fx.store, &fx.digest, &b).expect("B's own profile");
+    assert_eq!(own.chunks, small);
+    assert_eq!(
+        stored_profile_in(&rt, &fx.store, &fx.digest, &a),
+        Some(profile)
+    );
+}
+
+#[test]
+fn a_replay_stays_within_a_multiple_of_what_was_read_and_stops_when_readers_diverge() {
+    if !fuse_available() {
+        return;
+    }
+    let rt = runtime();
+    let fx = rt.block_on(fixture());
+    let manifest = rt.block_on(fx.store.get_manifest(&fx.digest)).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let small_bytes = bytes_of(&manifest, "weights/small.bin");
+
+    // 1. A profile of everything; a later mount of the same scope reads one small file (all
+    // of it in the profile): the replay fetches at most REPLAY_READ_MULTIPLE times that,
+    // and stops when the reader goes quiet.
+    let scope = ProfileScope::new("team-a/model").unwrap();
+    learn(&rt, &fx, work.path(), &scope, &EVERY_FILE);
+    let cache = node_cache(&work.path().join("cache-small"));
+    let mnt = work.path().join("small");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let handle = mount_in(&rt, &fx.store, fx.digest, &mnt, cache.clone(), &scope);
+    read_all(&mnt, &fx.src, &["weights/small.bin"]);
+    let m = cache.metrics();
+    wait_for("the replay to stop", || {
+        m.snapshot().learned_replays_stopped == 1
+    });
+    let s = m.snapshot();
+    assert_eq!(s.learned_profiles_replayed, 1);
+    let version: u64 = EVERY_FILE.iter().map(|f| bytes_of(&manifest, f)).sum();
+    assert!(
+        s.store_bytes_fetched <= (1 + REPLAY_READ_MULTIPLE) * small_bytes,
+        "read {small_bytes} bytes, fetched {} of {version}",
+        s.store_bytes_fetched
+    );
+    rt.block_on(handle.unmount()).unwrap();
+
+    // 2. A profile of model-00001.bin; a reader of the same scope reads small.bin, which
+    // the profile does not name: the replay stops at once, nothing but small.bin fetched.
+    let scope = ProfileScope::new("team-a/model-only").unwrap();
+    learn(&rt, &fx, work.path(), &scope, &["weights/model-00001.bin"]);
+    let (counted, store) = faulty(&fx.store);
+    let cache = node_cache(&work.path().join("cache-diverge"));
+    let mnt = work.path().join("diverge");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let handle = mount_in(&rt, &store, fx.digest, &mnt, cache.clone(), &scope);
+    read_all(&mnt, &fx.src, &["weights/small.bin"]);
+    let m = cache.metrics();
+    wait_for("the replay to stop", || {
+        m.snapshot().learned_replays_stopped == 1
+    });
+    // Before the cold start is over: the divergence stopped it, not the quiet.
+    assert!(!handle.cold_start().snapshot().is_over());
+    let s = m.snapshot();
+    assert_eq!(s.learned_prefetch_chunks, 0);
+    assert_eq!(s.store_bytes_fetched, small_bytes);
+    assert_eq!(
+        counted.gets(),
+        chunks_of(&manifest, "weights/small.bin").len() as u64
+    );
+    rt.block_on(handle.unmount()).unwrap();
 }
 
 #[test]
@@ -251,7 +466,7 @@ fn foreign_stale_corrupt_and_oversized_profiles_are_ignored() {
         ("corrupt", corrupt),
         ("oversized", oversized),
     ] {
-        let key = layout::profile_key(&fx.digest);
+        let key = layout::profile_key(&fx.digest, &ProfileScope::default().id());
         rt.block_on(
             fx.store
                 .object_store()

@@ -79,14 +79,26 @@ pub fn parse_manifest_key(key: &ObjectPath) -> Option<Digest> {
     (top == MANIFESTS).then(|| parse_hex_digest(&hex))?
 }
 
-/// `profiles/<64 hex>`: the learned prefetch profile of the manifest `digest` names.
-pub fn profile_key(digest: &Digest) -> ObjectPath {
-    ObjectPath::from_iter([PROFILES, &digest.hex()])
+/// `profiles/<64 hex>.<64 hex>`: the learned prefetch profile of the manifest `digest` names,
+/// learned from the readers of the scope `scope` identifies (`crate::profile::ProfileScope`).
+/// One object name, not a folder per manifest: a file store cannot hold the unscoped key of
+/// earlier releases and a folder of the same name.
+pub fn profile_key(digest: &Digest, scope: &Digest) -> ObjectPath {
+    ObjectPath::from_iter([PROFILES, &format!("{}.{}", digest.hex(), scope.hex())])
 }
 
+/// The manifest a profile key is for: a scoped key, or an unscoped `profiles/<64 hex>` of an
+/// earlier release (never read now; gc removes it with its version).
 pub fn parse_profile_key(key: &ObjectPath) -> Option<Digest> {
-    let [top, hex] = segments(key)?;
-    (top == PROFILES).then(|| parse_hex_digest(&hex))?
+    let [top, name] = segments(key)?;
+    if top != PROFILES {
+        return None;
+    }
+    let manifest = match name.split_once('.') {
+        Some((manifest, scope)) => parse_hex_digest(scope).and(Some(manifest))?,
+        None => name.as_str(),
+    };
+    parse_hex_digest(manifest)
 }
 
 /// `volumes/<volume>` where `volume` is `name` or `ns/name`: the records of one volume.
@@ -210,9 +222,25 @@ mod tests {
         let d = digest();
         assert_eq!(parse_chunk_key(&chunk_key(&d)), Some(d));
         assert_eq!(parse_manifest_key(&manifest_key(&d)), Some(d));
-        assert_eq!(parse_profile_key(&profile_key(&d)), Some(d));
+        let scope = Digest::of(b"scope");
+        assert_eq!(parse_profile_key(&profile_key(&d, &scope)), Some(d));
         assert_eq!(parse_profile_key(&manifest_key(&d)), None);
-        assert_eq!(profile_key(&d).as_ref(), format!("profiles/{}", d.hex()));
+        assert_eq!(
+            profile_key(&d, &scope).as_ref(),
+            format!("profiles/{}.{}", d.hex(), scope.hex())
+        );
+        // Unscoped, as earlier releases wrote them: still found by gc.
+        assert_eq!(
+            parse_profile_key(&key(&format!("profiles/{}", d.hex()))),
+            Some(d)
+        );
+        for bad in [
+            format!("profiles/{}.", d.hex()),
+            format!("profiles/{}.xyz", d.hex()),
+            format!("profiles/.{}", d.hex()),
+        ] {
+            assert_eq!(parse_profile_key(&key(&bad)), None, "{bad}");
+        }
         for volume in ["name", "ns/name", "a.b/c-d"] {
             let parsed = parse_volume_record_key(&volume_record_key(volume, &d));
             assert_eq!(parsed, Some((volume.to_owned(), d)));

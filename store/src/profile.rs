@@ -1,6 +1,8 @@
 //! Learned prefetch profiles: the order in which a version's chunks were first read on a
-//! mount, stored beside the manifest (`profiles/<manifest hex>`, see [`crate::layout`]) so a
-//! later mount of the same version can fetch them early in that order.
+//! mount, stored beside the manifest (`profiles/<manifest hex>.<scope id hex>`, see
+//! [`crate::layout`]) so a later mount of the same version *in the same scope* can fetch them
+//! early in that order. The scope ([`ProfileScope`]) is who the readers were (the CSI plugin:
+//! the pod's namespace and SealedVolume): one tenant's readers never steer another's mounts.
 //!
 //! A profile only changes what is fetched early, never which bytes are served: every chunk
 //! it names is still fetched through the verified path. So it is written unsigned, but its
@@ -29,6 +31,71 @@ pub const MAX_PROFILE_ENTRIES: usize = 1 << 18;
 /// The largest well-formed profile; a stored object above this is not read.
 pub const MAX_PROFILE_BYTES: u64 =
     (HEADER_BYTES + MAX_PROFILE_ENTRIES * DIGEST_BYTES + DIGEST_BYTES) as u64;
+
+/// Whose readers a profile was learned from; a mount replays only its own scope's profile.
+/// The CSI plugin uses `<pod namespace>/<SealedVolume name>`, `sealed mount` its
+/// `--profile-scope` (default [`ProfileScope::CLI`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ProfileScope(String);
+
+/// Why a scope name is refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("profile scope {0:?}: {1}")]
+pub struct ScopeError(String, &'static str);
+
+impl ProfileScope {
+    /// What `sealed mount` uses unless told otherwise. It holds no `/`, so it is never the
+    /// scope of a CSI volume.
+    pub const CLI: &'static str = "cli";
+    /// Longer names are refused: a namespace and a volume name are 63 and 253 bytes at most.
+    pub const MAX_BYTES: usize = 512;
+    /// Key-derivation context of [`ProfileScope::id`].
+    const ID_CONTEXT: &'static str = "sealed-volumes 2026 learned prefetch profile scope v1";
+
+    /// `scope`: 1 to [`ProfileScope::MAX_BYTES`] bytes, no control characters.
+    pub fn new(scope: &str) -> Result<ProfileScope, ScopeError> {
+        let refuse = |why| Err(ScopeError(scope.chars().take(64).collect(), why));
+        if scope.is_empty() {
+            return refuse("empty");
+        }
+        if scope.len() > Self::MAX_BYTES {
+            return refuse("longer than 512 bytes");
+        }
+        if scope.chars().any(char::is_control) {
+            return refuse("holds a control character");
+        }
+        Ok(ProfileScope(scope.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// What names the scope in the store's keys: derived by BLAKE3 from the name, so any
+    /// name makes a valid key and the store's listing names no tenant.
+    pub fn id(&self) -> Digest {
+        Digest::from_bytes(blake3::derive_key(Self::ID_CONTEXT, self.0.as_bytes()))
+    }
+}
+
+impl Default for ProfileScope {
+    fn default() -> Self {
+        ProfileScope(Self::CLI.to_owned())
+    }
+}
+
+impl std::fmt::Display for ProfileScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::str::FromStr for ProfileScope {
+    type Err = ScopeError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ProfileScope::new(s)
+    }
+}
 
 /// Why a stored profile is not used. Each is ignored (logged, counted), never a mount error.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -260,24 +327,42 @@ mod tests {
     #[tokio::test]
     async fn put_profile_is_a_conditional_create() {
         let store = crate::ChunkStore::memory();
+        let scope = ProfileScope::new("ml/llama").unwrap();
         let first = sample();
         let mut second = sample();
         second.chunks.reverse();
-        assert!(store.put_profile(&first).await.unwrap());
-        assert!(!store.put_profile(&second).await.unwrap());
+        assert!(store.put_profile(&first, &scope).await.unwrap());
+        assert!(!store.put_profile(&second, &scope).await.unwrap());
         let bytes = store
-            .get_profile_bytes(&first.manifest)
+            .get_profile_bytes(&first.manifest, &scope)
             .await
             .unwrap()
             .unwrap();
-        assert_eq!(Profile::decode(&bytes, &first.manifest), Ok(first));
+        assert_eq!(Profile::decode(&bytes, &first.manifest), Ok(first.clone()));
         assert!(
             store
-                .get_profile_bytes(&Digest::of(b"none"))
+                .get_profile_bytes(&Digest::of(b"none"), &scope)
                 .await
                 .unwrap()
                 .is_none()
         );
+        // Another scope sees none, and writes its own.
+        let other = ProfileScope::new("team-b/llama").unwrap();
+        let none = store.get_profile_bytes(&first.manifest, &other).await;
+        assert!(none.unwrap().is_none());
+        assert!(store.put_profile(&second, &other).await.unwrap());
+    }
+
+    #[test]
+    fn scopes_are_bounded_and_distinct() {
+        assert!(ProfileScope::new("").is_err());
+        assert!(ProfileScope::new("a\nb").is_err());
+        assert!(ProfileScope::new(&"x".repeat(ProfileScope::MAX_BYTES + 1)).is_err());
+        let a = ProfileScope::new("ml/llama").unwrap();
+        let b = ProfileScope::new("ml/llama2").unwrap();
+        assert_ne!(a.id(), b.id());
+        assert_eq!(a.id(), ProfileScope::new("ml/llama").unwrap().id());
+        assert_eq!(ProfileScope::default().as_str(), ProfileScope::CLI);
     }
 
     #[test]

@@ -420,10 +420,14 @@ impl ChunkStore {
         }
     }
 
-    /// Writes a learned prefetch profile once (conditional create, first writer wins).
-    /// `Ok(false)` when one was there already: that is not an error.
-    pub async fn put_profile(&self, profile: &crate::profile::Profile) -> Result<bool> {
-        let key = layout::profile_key(&profile.manifest);
+    /// Writes the learned prefetch profile of `scope` once (conditional create, first writer
+    /// wins). `Ok(false)` when one was there already: that is not an error.
+    pub async fn put_profile(
+        &self,
+        profile: &crate::profile::Profile,
+        scope: &crate::profile::ProfileScope,
+    ) -> Result<bool> {
+        let key = layout::profile_key(&profile.manifest, &scope.id());
         let body = profile.encode();
         let opts = PutOptions {
             mode: PutMode::Create,
@@ -452,13 +456,17 @@ impl ChunkStore {
         }
     }
 
-    /// The raw bytes of a manifest's profile, or `None`. At most
+    /// The raw bytes of a manifest's profile learned in `scope`, or `None`. At most
     /// [`crate::profile::MAX_PROFILE_BYTES`] are read: a larger one is
     /// [`Error::ResponseTooLarge`]. Decode with [`crate::profile::Profile::decode`].
-    pub async fn get_profile_bytes(&self, manifest: &Digest) -> Result<Option<Bytes>> {
+    pub async fn get_profile_bytes(
+        &self,
+        manifest: &Digest,
+        scope: &crate::profile::ProfileScope,
+    ) -> Result<Option<Bytes>> {
         let what = format!("profile of {manifest}");
         self.read_optional(
-            &layout::profile_key(manifest),
+            &layout::profile_key(manifest, &scope.id()),
             &what,
             crate::profile::MAX_PROFILE_BYTES,
         )

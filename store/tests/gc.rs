@@ -16,6 +16,7 @@ use sealed_store::gc::{GcOptions, collect};
 use sealed_store::gc_marker::read_gc_marker;
 use sealed_store::layout;
 use sealed_store::lease::{LeaseOptions, list_leases};
+use sealed_store::profile::ProfileScope;
 use sealed_store::push::{PushOptions, push};
 use sealed_store::trash::{list_trash, restore_version, trash_version};
 use sealed_store::{ChunkStore, Digest, Error, NoProgress, Profile, WriterLease};
@@ -229,16 +230,38 @@ async fn expired_trash_reclaimed_on(store: &ChunkStore) {
     let only_a: Vec<Digest> = ca.iter().filter(|c| !shared.contains(c)).copied().collect();
     assert_eq!(shared.len(), 1);
     assert_eq!(only_a.len(), 1);
-    // Both versions were mounted: each has a learned prefetch profile.
+    // Both versions were mounted in two scopes: each has a learned profile per scope, and A
+    // an unscoped one an earlier release wrote.
+    let scopes = [
+        ProfileScope::new("team-a/model").unwrap(),
+        ProfileScope::new("team-b/model").unwrap(),
+    ];
     for (digest, chunks) in [(da, &ca), (db, &cb)] {
         let profile = Profile {
             manifest: digest,
             chunks: chunks.clone(),
         };
-        assert!(store.put_profile(&profile).await.unwrap());
+        for scope in &scopes {
+            assert!(store.put_profile(&profile, scope).await.unwrap());
+        }
     }
-    let has_profile =
-        |d: Digest| async move { store.get_profile_bytes(&d).await.unwrap().is_some() };
+    let unscoped = object_store::path::Path::from(format!("profiles/{}", da.hex()));
+    store
+        .object_store()
+        .put(&unscoped, PutPayload::from_static(b"an old profile"))
+        .await
+        .unwrap();
+    let has_profile = |d: Digest| {
+        let scopes = scopes.clone();
+        async move {
+            for scope in &scopes {
+                if store.get_profile_bytes(&d, scope).await.unwrap().is_some() {
+                    return true;
+                }
+            }
+            false
+        }
+    };
 
     trash_version(store, &da, HOUR).await.unwrap();
 
@@ -260,9 +283,12 @@ async fn expired_trash_reclaimed_on(store: &ChunkStore) {
     assert_eq!(report.expired_versions, vec![da]);
     assert_eq!(report.chunks_deleted, 1, "{report:?}");
     assert_eq!(report.bytes_freed, 60_000);
-    // The reclaimed version's profile goes with it; the live one's stays.
-    assert_eq!(report.profiles_deleted, 1, "{report:?}");
+    // The reclaimed version's profiles (every scope's, and the unscoped one) go with it; the
+    // live one's stay.
+    assert_eq!(report.profiles_deleted, 3, "{report:?}");
     assert!(!has_profile(da).await);
+    let old = store.object_store().head(&unscoped).await;
+    assert!(old.is_err(), "the unscoped profile is gone");
     assert!(has_profile(db).await);
     assert_eq!(present(store, &only_a).await, 0);
     assert_eq!(present(store, &cb).await, cb.len());

@@ -13,6 +13,7 @@ use sealed_mount::{
     FetchPolicy, MountHandle, MountOptions, NodeCache, NodeCacheOptions, PrefetchSelection,
     ReadaheadPolicy, ScrubOptions,
 };
+use sealed_store::profile::ProfileScope;
 
 use crate::context::Context;
 use crate::output::{bytes, print_json};
@@ -62,6 +63,11 @@ pub struct MountArgs {
     /// are asked for
     #[arg(long)]
     pub no_learned_prefetch: bool,
+    /// Whose readers the learned prefetch profile is recorded from and replayed for: a mount
+    /// replays only a profile recorded in its own scope. The CSI plugin's scopes are
+    /// NAMESPACE/SEALEDVOLUME; naming one here shares that volume's profile
+    #[arg(long, default_value = ProfileScope::CLI)]
+    pub profile_scope: ProfileScope,
     /// FUSE worker threads
     #[arg(long, default_value_t = 4)]
     pub threads: usize,
@@ -269,6 +275,7 @@ async fn serve(ctx: &Context, args: MountArgs) -> anyhow::Result<ExitCode> {
         prefetch,
         threads: args.threads.max(1),
         learned_prefetch: !args.no_learned_prefetch,
+        profile_scope: args.profile_scope.clone(),
         ..MountOptions::default()
     };
     let peer = start_peer_tier(&args.peer, &cache, &store).await?;

@@ -9,6 +9,7 @@ use sealed_mount::cold_start::ColdStart;
 
 use sealed_mount::{MountHandle, PrefetchSelection};
 use sealed_store::Digest;
+use sealed_store::profile::ProfileScope;
 
 use super::{Driver, Mounts, Publication, VersionMount};
 use crate::error::CsiError;
@@ -31,6 +32,9 @@ pub struct Publish {
     /// The volume's `learnedPrefetch` attribute, if set (else the plugin's
     /// `--learned-prefetch`). The publish that makes a version's shared mount decides.
     pub learned_prefetch: Option<bool>,
+    /// Whose readers the version's mount learns a prefetch profile from and replays one for
+    /// (`<pod namespace>/<SealedVolume>`). The publish that makes the shared mount decides.
+    pub profile_scope: ProfileScope,
 }
 
 /// What a published volume looks like, for `NodeGetVolumeStats`.
@@ -70,9 +74,7 @@ impl Driver {
                 return result.map(|()| None);
             }
         }
-        let handle = self
-            .mount_version(&req.digest, req.prefetch.as_ref(), req.learned_prefetch)
-            .await?;
+        let handle = self.mount_version(&req.digest, &req).await?;
         let cold_start = handle.cold_start().clone();
         // Best effort: a mount the holder lacks is counted (and retried) by `refresh_holder`.
         self.hold(&handle, &req.digest).await;
@@ -251,12 +253,7 @@ impl Driver {
 
     /// Mounts `digest` from its kept manifest, else from the store's (fetched once, kept).
     /// The caller holds the version's lock.
-    async fn mount_version(
-        &self,
-        digest: &Digest,
-        prefetch: Option<&PrefetchSelection>,
-        learned_prefetch: Option<bool>,
-    ) -> Result<MountHandle, CsiError> {
+    async fn mount_version(&self, digest: &Digest, req: &Publish) -> Result<MountHandle, CsiError> {
         let manifest = match self.manifests.read(digest) {
             Some(bytes) => bytes,
             None => {
@@ -283,7 +280,7 @@ impl Driver {
                 manifest,
                 &dir,
                 self.cache.clone(),
-                self.mount_options_with(digest, prefetch, learned_prefetch),
+                self.mount_options_with(digest, req),
             )
             .await?;
             Ok(handle)
