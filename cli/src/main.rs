@@ -40,7 +40,7 @@ enum Command {
     /// List the versions in the store
     Ls(commands::ls::LsArgs),
     /// Mount a version read-only; bytes stream in as they are read
-    Mount(commands::mount::MountArgs),
+    Mount(Box<commands::mount::MountArgs>),
     /// Unmount a directory mounted by `sealed mount`
     Umount(commands::mount::UmountArgs),
     /// Delete a version to the trash; it stays restorable for --retention (default 7 days)
@@ -118,7 +118,7 @@ fn main() -> std::process::ExitCode {
             Command::Diff(a) => commands::diff::run(&ctx, a).await,
             Command::Verify(a) => commands::verify::run(&ctx, a).await,
             Command::Ls(a) => commands::ls::run(&ctx, a).await,
-            Command::Mount(a) => commands::mount::run_mount(&ctx, a).await,
+            Command::Mount(a) => commands::mount::run_mount(&ctx, *a).await,
             Command::Umount(a) => commands::mount::run_umount(&ctx, a).await,
             Command::Rm(a) => commands::rm::run(&ctx, a).await,
             Command::Restore(a) => commands::restore::run(&ctx, a).await,
