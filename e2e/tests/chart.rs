@@ -554,7 +554,11 @@ fn rbac_is_least_privilege() -> Result<()> {
         expect(OPERATOR, "controllerrevisions", &["get", "patch"]);
         expect(OPERATOR, "deployments", &["list", "patch"]);
         expect(OPERATOR, "statefulsets", &["list", "patch"]);
-        expect(OPERATOR, "mutatingwebhookconfigurations", &["get", "update"]);
+        expect(
+            OPERATOR,
+            "mutatingwebhookconfigurations",
+            &["get", "update"],
+        );
         expect(OPERATOR, "pods", &[]);
         expect(OPERATOR, "leases", &[]);
         // Jobs, their pods, the leader Lease and the nodes' publication Leases (read) only in
@@ -1348,9 +1352,9 @@ fn it_renders_as_a_subchart() -> Result<()> {
 }
 
 /// NOTES.txt warns while the images are the local placeholders, and not once a registry is
-/// set. `helm template` skips NOTES.txt (and `helm install --dry-run` has no `--kube-version`
-/// for the source-built helm), so a copy of the chart has it as a named template rendered
-/// into a ConfigMap by helm's own engine.
+/// set; the Secret it creates opts in as source credentials. `helm template` skips NOTES.txt
+/// (and `helm install --dry-run` has no `--kube-version` for the source-built helm), so a copy
+/// of the chart has it as a named template rendered into a ConfigMap by helm's own engine.
 #[test]
 fn notes_warn_about_local_placeholder_images() -> Result<()> {
     let Some(helm) = helm("notes_warn_about_local_placeholder_images") else {

@@ -14,5 +14,5 @@ pub mod publications;
 pub mod source_spec;
 pub mod sync;
 pub mod version;
-pub mod webhook;
 pub mod volume;
+pub mod webhook;

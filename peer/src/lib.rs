@@ -31,8 +31,8 @@ pub use sealed_service::listen::ConnLimits;
 pub use client::PeerClient;
 pub use membership::Membership;
 pub use metrics::{PeerMetrics, PeerSnapshot};
-pub use ring::{Member, Ring, RingView, Role};
 pub use reload::PeerFiles;
+pub use ring::{Member, Ring, RingView, Role};
 pub use tls::PeerTls;
 pub use token::PeerToken;
 
