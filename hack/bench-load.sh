@@ -191,6 +191,10 @@ verify_s() {
 # How many checks of hydrated files mount NAME logged since line FROM; done once every shard's.
 checks() { tail -n +"$2" "$W/log-$1" | grep -c 'cache copy verified' || true; }
 checks_done() { [[ $(checks "$1" "$2") -ge $SHARDS ]]; }
+# How many hydrated files mount NAME's disk cache holds; b's assemblies finish after its load
+# returns, and c measures the hydrated path, so b is unmounted only once every shard is there.
+hydrated() { find "$W/cache-$1/files" -type f 2>/dev/null | wc -l; }
+hydrated_done() { [[ $(hydrated "$1") -ge $SHARDS ]]; }
 fresh() { umount -l "$W/mnt-$1" 2>/dev/null || true; rm -rf --one-file-system "$W/cache-$1"; }
 
 # The parallel GET: every chunk object of the version, once, CONCURRENCY at once.
@@ -222,7 +226,10 @@ for run in $(seq "$RUNS"); do
   drop_caches; row "$run" odirect-a "$(timed odirect "$W/src")"
 
   fresh b
-  mount_at b file; drop_caches; row "$run" b "$(timed load "$W/mnt-b")"; umount_at b
+  mount_at b file; drop_caches; row "$run" b "$(timed load "$W/mnt-b")"
+  wait_for "b's hydration of the $SHARDS shards" 60 hydrated_done b ||
+    die "b hydrated $(hydrated b) of $SHARDS shards"
+  umount_at b
   # The checks of the copies b left start while the mount is set up (`verify::walk_mount`):
   # caches are dropped before mounting, and c-cpu counts the serving process from its start
   # to the end of the last check, so no part of them falls outside the window.
