@@ -205,9 +205,24 @@ fn an_unmount_by_someone_else_keeps_the_profile_and_the_hydrated_file() {
 
     // `sealed umount` returned only once the serving process had settled: what it learned
     // and assembled is on disk now, with no waiting here.
+    // Profiles are scoped (`profiles/<manifest hex>.<scope id>`, docs/mount.md): this mount's
+    // is the one object named for its manifest.
     let hex = digest.trim_start_matches("blake3:");
-    let profile = store.join("profiles").join(hex);
-    let settled_before_return = profile.is_file();
+    let profile_of_manifest = || {
+        std::fs::read_dir(store.join("profiles"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|entry| entry.path())
+            .find(|path| {
+                path.is_file()
+                    && path
+                        .file_name()
+                        .and_then(|name| name.to_str())
+                        .is_some_and(|name| name.starts_with(&format!("{hex}.")))
+            })
+    };
+    let settled_before_return = profile_of_manifest().is_some();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while !exited(pid) {
         assert!(
@@ -216,7 +231,10 @@ fn an_unmount_by_someone_else_keeps_the_profile_and_the_hydrated_file() {
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    assert!(profile.is_file(), "no learned profile stored for {digest}");
+    assert!(
+        profile_of_manifest().is_some(),
+        "no learned profile stored for {digest}"
+    );
     assert!(
         settled_before_return,
         "`sealed umount` returned before the serving process stored its profile"
