@@ -833,6 +833,13 @@ async fn registers_with_the_real_kubelet() -> Result<()> {
     if registered.is_err() {
         eprintln!("plugin log:\n{}", plugin.log());
     }
+    // kubelet updates the CSINode before it tells the plugin the registration went through
+    // (NotifyRegistrationStatus), so the plugin's line may come a moment after the CSINode.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while !plugin.log().contains("registered with kubelet") && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let log = plugin.log();
     drop(plugin);
     let deregistered = wait_for_driver(&client, &node, false).await;
