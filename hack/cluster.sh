@@ -2,7 +2,12 @@
 # A real single-node Kubernetes for tests, with no Docker and no systemd.
 #
 #   hack/cluster.sh up [--control-plane-only]   start (or reuse) the cluster; waits until healthy
+#   hack/cluster.sh up --nodes N [--label NODE:KEY=VALUE]...
+#                                               and N-1 more nodes sealed-node-2..N on the same
+#                                               control plane (tainted and labelled
+#                                               sealedvolumes.io/fleet=true; docs/cluster.md)
 #   hack/cluster.sh down                        stop everything it started and remove its state
+#   hack/cluster.sh down --extra-nodes          remove only sealed-node-2..N (and their pods)
 #   hack/cluster.sh status                      show processes and nodes; exit 1 if not healthy
 #   hack/cluster.sh kubeconfig                  print the admin kubeconfig path
 #
@@ -442,9 +447,20 @@ cleanup_cgroups() {
 cmd_down() {
   need_root "hack/cluster.sh down"
   take_lock
+  case "${1:-}" in
+    --extra-nodes)
+      BIN=$("$HACK_DIR/build-k8s.sh" --print-bin-dir)
+      extra_nodes_down --api
+      log "extra nodes removed"
+      return 0
+      ;;
+    "") ;;
+    *) usage ;;
+  esac
   [[ -d $DIR ]] || { log "no cluster state in $DIR"; }
   stop kube-proxy kubelet
   stop_containers
+  extra_nodes_down
   stop kube-scheduler kube-controller-manager kube-apiserver
   stop etcd
   unmount_under "$KUBELET_DIR"
@@ -480,9 +496,358 @@ check_clean() {
     [[ -n $m ]] && left+=("mount $m")
   done < <(findmnt -rn -o TARGET | grep -E "^($KUBELET_DIR|$DIR)(/|$)|^/run/netns/cni-" || true)
   ip link show "$BRIDGE" >/dev/null 2>&1 && left+=("network device $BRIDGE")
+  local dev
+  for dev in $(ip -o link show type bridge 2>/dev/null | awk -F': ' '$2 ~ /^sealed[1-9][0-9]*$/ {print $2}'); do
+    left+=("network device $dev")
+  done
   ((${#left[@]} == 0)) && return 0
   printf 'left behind: %s\n' "${left[@]}" >&2
   die "hack/cluster.sh down did not clean up completely"
+}
+
+# --- extra nodes (up --nodes N) ----------------------------------------------
+#
+# Node i (2..N) is sealed-node-i: its own containerd, kubelet and mount namespace, bridge
+# sealed<i-1> with the node address 10.244.<i-1>.1 and pods in 10.244.<i-1>.0/24, joined to
+# the same control plane. Everything it has is under $DIR/nodes/<name>; its processes'
+# pids are $RUN/<name>.<component>.pid, their logs $LOGS/<name>.<component>.log.
+#
+# A DaemonSet has one set of hostPaths for every node, so each extra node runs in a mount
+# namespace of its own (a slave of the host's: host mounts reach it, its mounts never reach
+# the host) where the directories below are the node's own ($DIR/nodes/<name>/fs/<key>):
+# its kubelet root is /var/lib/kubelet there, as on node 1, and a plugin's state, cache and fd
+# holder directories are its own, as on a real machine.
+NODE_LOCAL_DIRS=(
+  kubelet:/var/lib/kubelet
+  sealed-volumes:/var/lib/sealed-volumes
+  sealed-cache:/var/cache/sealed-volumes
+  sealed-fd-holder:/run/sealed-fd-holder
+  netns:/run/netns
+  cni:/var/lib/cni
+  containerd-run:/run/containerd
+)
+# Extra nodes keep other tests' pods away unless they tolerate this (the chart's default
+# `operator: Exists` does) and carry the label.
+FLEET_TAINT_KEY=sealedvolumes.io/fleet # =true:NoSchedule
+FLEET_LABEL=$FLEET_TAINT_KEY=true
+# Between the node bridges pods are routed by the host (connected routes): only packets that
+# arrive on a sealed* bridge are forwarded (per-interface forwarding; net.ipv4.ip_forward and
+# eth0 stay as they are), only to another sealed* bridge.
+BETWEEN_NODES_RULE=(FORWARD -i "sealed+" -o "sealed+" -s 10.244.0.0/16 -d 10.244.0.0/16
+  -m comment --comment "sealed-cluster: pods between node bridges" -j ACCEPT)
+
+extra_node_name() { echo "$NODE_NAME-$1"; }
+extra_nodes_present() { compgen -G "$DIR/nodes/*/index" >/dev/null; }
+
+# node_vars I: sets N_NAME N_DIR N_RUN N_BRIDGE N_IP N_CIDR N_PKI for extra node I.
+node_vars() {
+  local i=$1 idx=$(($1 - 1))
+  N_NAME=$(extra_node_name "$i")
+  N_DIR="$DIR/nodes/$N_NAME"
+  N_RUN="$N_DIR/run"
+  N_PKI="$N_DIR/pki"
+  N_BRIDGE="sealed$idx"
+  N_IP="10.244.$idx.1"
+  N_CIDR="10.244.$idx.0/24"
+  N_SOCK="$N_RUN/containerd.sock"
+}
+
+# in_node: the command prefix that runs a program in node $N_NAME's mount namespace (nsenter
+# execs it, so the recorded pid is the program's).
+in_node() {
+  local pid
+  pid=$(pid_of "$N_NAME.mountns") || die "no mount namespace for $N_NAME"
+  IN_NODE=(nsenter --mount="/proc/$pid/ns/mnt" --)
+}
+
+cgroup_controllers() {
+  local c
+  for c in /sys/fs/cgroup/*; do
+    [[ -f $c/cgroup.procs && $(basename "$c") != unified ]] && echo "$c"
+  done
+}
+
+# The kubelet's --cgroup-root: its kubepods live under /<name>, apart from node 1's /kubepods.
+make_cgroup_root() {
+  local name=$1 c
+  while read -r c; do
+    mkdir -p "$c/$name"
+    if [[ -f $c/cpuset.cpus ]]; then
+      [[ -s $c/$name/cpuset.cpus && $(cat "$c/$name/cpuset.cpus") != "" ]] || cat "$c/cpuset.cpus" >"$c/$name/cpuset.cpus"
+      [[ $(cat "$c/$name/cpuset.mems") != "" ]] || cat "$c/cpuset.mems" >"$c/$name/cpuset.mems"
+    fi
+  done < <(cgroup_controllers)
+}
+remove_cgroup_root() {
+  local name=$1 c
+  while read -r c; do
+    [[ -d $c/$name ]] && find "$c/$name" -depth -type d -exec rmdir {} \; 2>/dev/null
+  done < <(cgroup_controllers)
+  return 0
+}
+
+node_pki() {
+  [[ -f $N_PKI/done ]] && return 0
+  mkdir -p "$N_PKI"
+  chmod 700 "$N_PKI"
+  local saved=$PKI
+  PKI=$N_PKI
+  ln -sf "$saved/ca.crt" "$N_PKI/ca.crt"
+  ln -sf "$saved/ca.key" "$N_PKI/ca.key"
+  issue kubelet-client "/O=system:nodes/CN=system:node:$N_NAME" clientAuth
+  issue kubelet-server "/CN=$N_NAME" serverAuth "DNS:$N_NAME,IP:$N_IP"
+  rm -f "$N_PKI/ca.srl"
+  PKI=$saved
+  touch "$N_PKI/done"
+}
+
+node_network() {
+  local i=$1
+  if ! ip link show "$N_BRIDGE" >/dev/null 2>&1; then
+    ip link add "$N_BRIDGE" type bridge
+    ip addr add "$N_IP/24" dev "$N_BRIDGE"
+  fi
+  ip link set "$N_BRIDGE" up
+  # Node 1's bridge forwards too (replies to other nodes' pods leave through it); its first
+  # setting is kept to be restored by `down --extra-nodes`.
+  [[ -f $DIR/nodes/$BRIDGE.forwarding ]] ||
+    cat "/proc/sys/net/ipv4/conf/$BRIDGE/forwarding" >"$DIR/nodes/$BRIDGE.forwarding"
+  echo 1 >"/proc/sys/net/ipv4/conf/$BRIDGE/forwarding"
+  echo 1 >"/proc/sys/net/ipv4/conf/$N_BRIDGE/forwarding"
+  local drop=(FORWARD -i "$N_BRIDGE" ! -o "$N_BRIDGE" -m comment
+    --comment "sealed-cluster: pods stay on this machine" -j DROP)
+  iptables -w -C "${drop[@]}" 2>/dev/null || iptables -w -I "${drop[@]}"
+  # First in the chain, before every bridge's DROP.
+  if [[ $(iptables -w -S FORWARD | sed -n 2p) != *"pods between node bridges"* ]]; then
+    while iptables -w -C "${BETWEEN_NODES_RULE[@]}" 2>/dev/null; do iptables -w -D "${BETWEEN_NODES_RULE[@]}"; done
+    iptables -w -I "${BETWEEN_NODES_RULE[@]}"
+  fi
+  mkdir -p "$N_DIR/cni/net.d"
+  cat >"$N_DIR/cni/net.d/10-sealed.conflist" <<JSON
+{
+  "cniVersion": "0.4.0",
+  "name": "$N_NAME",
+  "plugins": [
+    {
+      "type": "bridge", "bridge": "$N_BRIDGE", "isGateway": false, "ipMasq": false, "hairpinMode": true,
+      "ipam": {
+        "type": "host-local", "dataDir": "$N_DIR/cni/ipam",
+        "ranges": [[{"subnet": "$N_CIDR", "gateway": "$N_IP"}]],
+        "routes": [{"dst": "0.0.0.0/0"}]
+      }
+    },
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+JSON
+}
+
+# The mount namespace: a process that only holds it; containerd and the kubelet join it.
+node_mountns() {
+  local i=$1 binds=() entry key dst
+  is_running "$N_NAME.mountns" && return 0
+  for entry in "${NODE_LOCAL_DIRS[@]}"; do
+    key=${entry%%:*}
+    dst=${entry#*:}
+    mkdir -p "$N_DIR/fs/$key"
+    # A directory made on the host for the bind is removed again by down if empty.
+    if [[ ! -d $dst ]]; then
+      mkdir -p "$dst"
+      echo "$dst" >>"$DIR/nodes/made-dirs"
+    fi
+    binds+=("$N_DIR/fs/$key" "$dst")
+  done
+  rm -f "$LOGS/$N_NAME.mountns.log"
+  # pause (from the cluster's binaries) holds it: down's check finds it by its path.
+  # shellcheck disable=SC2016 # expanded by the inner shell
+  start "$N_NAME.mountns" unshare --mount --propagation slave -- sh -c '
+    set -e
+    while [ $# -gt 0 ]; do
+      mount --bind "$1" "$2" && mount --make-rshared "$2"
+      shift 2
+    done
+    echo ready
+    exec "$0"' "$BIN/pause" "${binds[@]}"
+  wait_for "$N_NAME mount namespace" 10 grep -q ready "$LOGS/$N_NAME.mountns.log" ||
+    die "the mount namespace of $N_NAME did not start; see $LOGS/$N_NAME.mountns.log"
+}
+
+node_containerd() {
+  local i=$1
+  mkdir -p "$N_DIR/containerd" "$N_RUN"
+  local d="$N_DIR/containerd/certs.d/$REGISTRY"
+  mkdir -p "$d"
+  cp "$DIR/containerd/certs.d/$REGISTRY/hosts.toml" "$d/hosts.toml"
+  sed -e "s|$DIR/containerd|$N_DIR/containerd|g" -e "s|$CONTAINERD_SOCK|$N_SOCK|g" \
+    -e "s|$DIR/cni/net.d|$N_DIR/cni/net.d|g" "$DIR/containerd/config.toml" >"$N_DIR/containerd/config.toml"
+  in_node
+  start "$N_NAME.containerd" "${IN_NODE[@]}" /usr/bin/containerd --config "$N_DIR/containerd/config.toml"
+  wait_for "$N_NAME containerd" 60 ctr --address "$N_SOCK" version ||
+    die "containerd of $N_NAME did not start; see $LOGS/$N_NAME.containerd.log"
+  SEALED_CLUSTER_DIR="$N_DIR" "$HACK_DIR/images.sh" base >/dev/null
+}
+
+node_kubelet() {
+  local i=$1
+  local saved=$PKI
+  PKI=$N_PKI
+  kubeconfig "$N_DIR/kubelet.kubeconfig" kubelet-client
+  PKI=$saved
+  mkdir -p "$N_DIR/pod-logs"
+  make_cgroup_root "$N_NAME"
+  cat >"$N_DIR/kubelet-config.yaml" <<YAML
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $N_IP
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: $N_IP
+healthzPort: 10248
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $PKI/ca.crt}
+authorization: {mode: Webhook}
+tlsCertFile: $N_PKI/kubelet-server.crt
+tlsPrivateKeyFile: $N_PKI/kubelet-server.key
+containerRuntimeEndpoint: unix://$N_SOCK
+cgroupDriver: cgroupfs
+cgroupRoot: /$N_NAME
+failCgroupV1: false
+failSwapOn: false
+clusterDomain: cluster.local
+podCIDR: $N_CIDR
+podLogsDir: $N_DIR/pod-logs
+evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+serializeImagePulls: false
+registerWithTaints:
+  - {key: $FLEET_TAINT_KEY, value: "true", effect: NoSchedule}
+YAML
+  local labels="$FLEET_LABEL"
+  [[ -n ${NODE_LABELS[$N_NAME]:-} ]] && labels+=",${NODE_LABELS[$N_NAME]}"
+  in_node
+  start "$N_NAME.kubelet" "${IN_NODE[@]}" "$BIN/kubelet" --config "$N_DIR/kubelet-config.yaml" \
+    --kubeconfig "$N_DIR/kubelet.kubeconfig" --root-dir /var/lib/kubelet \
+    --hostname-override "$N_NAME" --node-ip "$N_IP" --node-labels "$labels" --v=1
+}
+
+# start_extra_node I: node I up and Ready (idempotent).
+start_extra_node() {
+  local i=$1
+  node_vars "$i"
+  # containerd and the kubelet live in the namespace: without it, start them again.
+  is_running "$N_NAME.mountns" || stop "$N_NAME.kubelet" "$N_NAME.containerd"
+  mkdir -p "$N_DIR" "$N_RUN"
+  echo "$i" >"$N_DIR/index"
+  node_pki
+  node_network "$i"
+  node_mountns "$i"
+  node_containerd "$i"
+  node_kubelet "$i"
+}
+
+wait_extra_node() {
+  node_vars "$1"
+  wait_for "node $N_NAME to register" 120 kubectl_admin get node "$N_NAME" ||
+    die "the kubelet of $N_NAME did not register; see $LOGS/$N_NAME.kubelet.log"
+  kubectl_admin wait --for=condition=Ready "node/$N_NAME" --timeout=180s >/dev/null ||
+    die "node $N_NAME is not Ready; see $LOGS/$N_NAME.kubelet.log and $LOGS/$N_NAME.containerd.log"
+  # Labels asked for later than the node's first start (the kubelet only sets them at registration).
+  [[ -n ${NODE_LABELS[$N_NAME]:-} ]] && kubectl_admin label node "$N_NAME" --overwrite \
+    ${NODE_LABELS[$N_NAME]//,/ } >/dev/null
+  return 0
+}
+
+extra_nodes_up() {
+  local n=$1 i
+  ((n > 1)) || return 0
+  ((n <= 250)) || die "--nodes $n: at most 250"
+  mkdir -p "$DIR/nodes"
+  for ((i = 2; i <= n; i++)); do start_extra_node "$i"; done
+  for ((i = 2; i <= n; i++)); do wait_extra_node "$i"; done
+}
+
+# stop_extra_nodes NAME...: every process of those extra nodes, each kind at once for all
+# nodes (stop waits up to 10 s per call, not per node).
+stop_extra_nodes() {
+  local name names=("$@")
+  stop "${names[@]/%/.kubelet}"
+  for name in "${names[@]}"; do
+    node_vars "$(cat "$DIR/nodes/$name/index")"
+    is_running "$N_NAME.containerd" || continue
+    local t
+    for t in $(ctr --address "$N_SOCK" -n k8s.io tasks ls -q 2>/dev/null); do
+      ctr --address "$N_SOCK" -n k8s.io tasks kill -s SIGKILL "$t" >/dev/null 2>&1 || true
+    done
+  done
+  stop "${names[@]/%/.containerd}"
+  local p cmd
+  for p in /proc/[0-9]*; do
+    cmd=$(tr '\0' ' ' 2>/dev/null <"$p/cmdline") || continue
+    for name in "${names[@]}"; do
+      [[ $cmd == *"-address $DIR/nodes/$name/run/containerd.sock "* ]] && kill -KILL "${p#/proc/}" 2>/dev/null || true
+    done
+  done
+  # With its last process a node's mount namespace goes, and every mount made in it.
+  stop "${names[@]/%/.mountns}"
+}
+
+# remove_extra_node NAME: what the node made on the host, once its processes are gone.
+remove_extra_node() {
+  node_vars "$(cat "$DIR/nodes/$1/index")"
+  local veth
+  for veth in $(ip -o link show master "$N_BRIDGE" 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1); do
+    ip link del "$veth" 2>/dev/null || true
+  done
+  ip link del "$N_BRIDGE" 2>/dev/null || true
+  local drop=(FORWARD -i "$N_BRIDGE" ! -o "$N_BRIDGE" -m comment
+    --comment "sealed-cluster: pods stay on this machine" -j DROP)
+  while iptables -w -C "${drop[@]}" 2>/dev/null; do iptables -w -D "${drop[@]}"; done
+  remove_cgroup_root "$N_NAME"
+  unmount_under "$N_DIR"
+  local still
+  still=$(findmnt -rn -o TARGET | grep -E "^$N_DIR(/|$)" || true)
+  [[ -z $still ]] || die "not removing $N_DIR: still mounted:
+$still"
+  rm -rf "$N_DIR"
+  log "node $N_NAME removed"
+}
+
+# Removes every extra node and what they changed on the host; node 1 and the control plane stay.
+extra_nodes_down() {
+  [[ -d $DIR/nodes ]] || return 0
+  local d name names=()
+  for d in "$DIR"/nodes/*/; do
+    [[ -f $d/index ]] && names+=("$(basename "$d")")
+  done
+  # Their pods and Node objects first, while the API server runs (a full down skips this).
+  if ((${#names[@]})) && [[ ${1:-} == --api ]] && kubectl_admin get --raw /readyz >/dev/null 2>&1; then
+    for name in "${names[@]}"; do
+      kubectl_admin delete node "$name" --ignore-not-found --wait=false >/dev/null 2>&1 || true
+      kubectl_admin delete pods -A --field-selector "spec.nodeName=$name" --force --grace-period=0 \
+        --wait=false >/dev/null 2>&1 || true
+    done
+  fi
+  if ((${#names[@]})); then
+    stop_extra_nodes "${names[@]}"
+    for name in "${names[@]}"; do remove_extra_node "$name"; done
+  fi
+  while iptables -w -C "${BETWEEN_NODES_RULE[@]}" 2>/dev/null; do iptables -w -D "${BETWEEN_NODES_RULE[@]}"; done
+  if [[ -f $DIR/nodes/$BRIDGE.forwarding ]]; then
+    ip link show "$BRIDGE" >/dev/null 2>&1 &&
+      cat "$DIR/nodes/$BRIDGE.forwarding" >"/proc/sys/net/ipv4/conf/$BRIDGE/forwarding"
+    rm -f "$DIR/nodes/$BRIDGE.forwarding"
+  fi
+  if [[ -f $DIR/nodes/made-dirs ]]; then
+    # Unless a pod of node 1 has it as a hostPath since (its mount's root is that directory).
+    sort -ru "$DIR/nodes/made-dirs" | while read -r d; do
+      grep -qsE "^[0-9]+ [0-9]+ [0-9:]+ $d(/[^ ]*)? " /proc/[0-9]*/mountinfo || rmdir "$d" 2>/dev/null || true
+    done
+    rm -f "$DIR/nodes/made-dirs"
+  fi
+  rmdir "$DIR/nodes" 2>/dev/null || true
 }
 
 # --- up / status -----------------------------------------------------------
@@ -515,18 +880,36 @@ check_ports_free() {
 cmd_up() {
   need_root "hack/cluster.sh up"
   take_lock
-  local node=1
-  case "${1:-}" in
-    --control-plane-only) node=0 ;;
-    "") ;;
-    *) usage ;;
-  esac
+  local node=1 nodes=1
+  declare -gA NODE_LABELS=()
+  while (($#)); do
+    case "$1" in
+      --control-plane-only) node=0 ;;
+      --nodes) nodes=${2:-}; shift ;;
+      --nodes=*) nodes=${1#*=} ;;
+      --label)
+        [[ ${2:-} == sealed-node-*:*=* ]] || die "--label NODE:KEY=VALUE (NODE: sealed-node-2..N), got '${2:-}'"
+        NODE_LABELS[${2%%:*}]+="${NODE_LABELS[${2%%:*}]:+,}${2#*:}"
+        shift
+        ;;
+      *) usage ;;
+    esac
+    shift
+  done
+  [[ $nodes =~ ^[1-9][0-9]*$ ]] || die "--nodes N: N is a whole number >= 1, got '$nodes'"
+  ((node || nodes == 1)) || die "--nodes $nodes needs the node (not --control-plane-only)"
   BIN=$("$HACK_DIR/build-k8s.sh")
   PAUSE_IMAGE=$("$HACK_DIR/images.sh" pause-name)
   local wanted=("${CONTROL_PLANE[@]}")
   ((node)) && wanted+=("${NODE_COMPONENTS[@]}")
   if [[ -f $KUBECONFIG_ADMIN ]] && healthy "${wanted[@]}"; then
-    log "cluster already up"
+    if ((nodes == 1)); then
+      log "cluster already up"
+      echo "$KUBECONFIG_ADMIN"
+      return 0
+    fi
+    extra_nodes_up "$nodes"
+    log "cluster up with $nodes nodes"
     echo "$KUBECONFIG_ADMIN"
     return 0
   fi
@@ -546,6 +929,7 @@ cmd_up() {
   gen_kubeconfigs
   healthy "${CONTROL_PLANE[@]}" || start_control_plane
   ((node)) && start_node
+  extra_nodes_up "$nodes"
   log "cluster up in $((SECONDS - start_s))s; export KUBECONFIG=$KUBECONFIG_ADMIN"
   echo "$KUBECONFIG_ADMIN"
 }
@@ -559,6 +943,20 @@ cmd_status() {
     else
       printf '%-24s not running\n' "$c"
     fi
+  done
+  local d name
+  for d in "$DIR"/nodes/*/; do
+    [[ -f $d/index ]] || continue
+    name=$(basename "$d")
+    for c in mountns containerd kubelet; do
+      pid=$(pid_of "$name.$c" || true)
+      if is_running "$name.$c"; then
+        printf '%-24s running (pid %s)\n' "$name.$c" "$pid"
+      else
+        printf '%-24s not running\n' "$name.$c"
+        rc=1
+      fi
+    done
   done
   BIN=$("$HACK_DIR/build-k8s.sh" --print-bin-dir)
   if [[ -x $BIN/kubectl && -f $KUBECONFIG_ADMIN ]] && kubectl_admin get --raw /readyz >/dev/null 2>&1; then
@@ -575,7 +973,7 @@ main() {
   shift || true
   case "$cmd" in
     up) cmd_up "$@" ;;
-    down) cmd_down ;;
+    down) cmd_down "$@" ;;
     status) cmd_status ;;
     kubeconfig) echo "$KUBECONFIG_ADMIN" ;;
     *) usage ;;
