@@ -63,17 +63,13 @@ impl Context {
     pub async fn event(
         &self,
         reference: &ObjectReference,
-        warning: bool,
+        type_: EventType,
         reason: &str,
         action: &str,
         note: String,
     ) {
         let event = Event {
-            type_: if warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
+            type_,
             reason: reason.into(),
             note: Some(note),
             action: action.into(),

@@ -11,9 +11,7 @@ use sealed_crds::Source;
 use sealed_operator::config::{
     OperatorConfig, SyncExecutor, SyncLog, SyncPodSettings, SyncResources,
 };
-use sealed_operator::sync::failure::hide_store;
-use sealed_operator::sync::job::EXIT_PERMANENT;
-use sealed_operator::sync::{Counters, Credentials, SyncFailure, SyncRequest, Termination};
+use sealed_operator::sync::{Credentials, SyncRequest};
 use sealed_operator::webhook::placement::Exclusion;
 use sealed_operator::webhook::{AbortOnDrop, WebhookConfig, follow};
 use sealed_operator::{controller, metrics::Metrics};
@@ -256,30 +254,6 @@ struct SyncArgs {
     termination_log: std::path::PathBuf,
 }
 
-/// What went wrong opening the store, in words that do not name it.
-fn store_failure_kind(e: &anyhow::Error, store_url: &str) -> String {
-    match e.downcast_ref::<sealed_store::Error>() {
-        Some(sealed_store::Error::Timeout { .. }) => "it did not answer in time".into(),
-        Some(sealed_store::Error::StoreNotFound { .. }) => "it does not exist".into(),
-        Some(sealed_store::Error::InvalidStoreUrl { .. }) => "its URL is invalid".into(),
-        Some(sealed_store::Error::Backend { source, .. }) => match source {
-            object_store::Error::PermissionDenied { .. }
-            | object_store::Error::Unauthenticated { .. } => "its credentials were refused".into(),
-            object_store::Error::NotFound { .. } => "its bucket or container was not found".into(),
-            _ => "a request to it failed".into(),
-        },
-        Some(other) => {
-            let text = hide_store(&other.to_string(), store_url);
-            if text.contains("://") {
-                "it failed".into()
-            } else {
-                text
-            }
-        }
-        None => "it failed".into(),
-    }
-}
-
 /// A duration flag: 0 to 876000h; clap's message names the flag and the value, this one
 /// what is wrong and the range.
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -449,8 +423,7 @@ async fn run(args: RunArgs, log_json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One sync, as a Job runs it: progress as JSON lines on stdout, the outcome as JSON in the
-/// termination log; exit 0, 1 (worth a retry) or 3 (a retry cannot help).
+/// One sync, as a Job runs it (`sealed_operator::sync::runner`).
 async fn sync(args: SyncArgs) -> anyhow::Result<u8> {
     let (namespace, name) = args
         .volume
@@ -466,52 +439,13 @@ async fn sync(args: SyncArgs) -> anyhow::Result<u8> {
         policy: args.policy.policy(&args.store)?,
     };
     let credentials = Credentials::from_env(std::env::vars());
-    let counters = Arc::new(Counters::default());
-    let reporter = {
-        let counters = counters.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(5));
-            loop {
-                tick.tick().await;
-                let snapshot = counters.snapshot();
-                if let Ok(line) = serde_json::to_string(&serde_json::json!({"progress": snapshot}))
-                {
-                    println!("{line}");
-                }
-            }
-        })
-    };
-    let result = match open_store(&args.store).await {
-        Ok(store) => sealed_operator::sync::run(&store, &request, &credentials, counters).await,
-        Err(e) => {
-            // The details name the store: this Job's log (in the operator's namespace) has
-            // them; the termination message, which the tenant sees, does not.
-            tracing::error!(error = %sealed_sources::redact_urls_in(&format!("{e:#}")), "cannot open the store");
-            Err(SyncFailure::transient(
-                "StoreUnavailable",
-                format!(
-                    "cannot open the store: {}; the sync Job's log in the operator's namespace has the details",
-                    store_failure_kind(&e, &args.store.store)
-                ),
-            ))
-        }
-    };
-    reporter.abort();
-    let (termination, code) = match result {
-        Ok(outcome) => (Termination::Succeeded(outcome), 0),
-        Err(failure) => {
-            let code = if failure.permanent {
-                EXIT_PERMANENT as u8
-            } else {
-                1
-            };
-            (Termination::Failed(failure), code)
-        }
-    };
-    let json = serde_json::to_string(&termination)?;
-    println!("{json}");
-    if let Err(e) = std::fs::write(&args.termination_log, &json) {
-        tracing::warn!(path = %args.termination_log.display(), error = %e, "cannot write the termination log");
-    }
-    Ok(code)
+    let store = open_store(&args.store).await;
+    sealed_operator::sync::runner::run_in_job(
+        store,
+        &args.store.store,
+        &request,
+        &credentials,
+        &args.termination_log,
+    )
+    .await
 }

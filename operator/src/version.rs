@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::{Api, Resource, ResourceExt};
 use sealed_crds::validate::{
@@ -15,6 +16,7 @@ use sealed_crds::validate::{
 use sealed_crds::{
     CONDITION_READY, SealedVolume, SealedVolumeVersion, VOLUME_LABEL, new_condition, set_condition,
 };
+use sealed_store::trash::DEFAULT_RETENTION;
 use sealed_store::{Digest, Error as StoreError};
 use serde_json::json;
 
@@ -28,8 +30,6 @@ pub const FINALIZER: &str = "sealedvolumes.io/trash";
 const VERSION_MANAGER: &str = "sealed-operator-version";
 /// The Ready reason of a version the operator did not make.
 pub const NOT_ATTESTED: &str = "NotAttested";
-/// Retention when neither the volume nor the version says: the documented default, 7 days.
-const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The volume's `spec.retention.deletedVersions`, copied onto each of its versions by the
 /// operator: a version deleted after its volume (the garbage collector deletes owned versions
 /// once the volume is gone) is still kept for its own volume's retention.
@@ -304,7 +304,7 @@ async fn heal_if_missing(
         Ok(true) => {
             ctx.event(
                 &version.object_ref(&()),
-                true,
+                EventType::Warning,
                 "ManifestRestored",
                 "Heal",
                 format!(
@@ -401,7 +401,7 @@ async fn refuse_unattested(
     .await?;
     ctx.event(
         &version.object_ref(&()),
-        true,
+        EventType::Warning,
         NOT_ATTESTED,
         "Verify",
         message,
@@ -480,8 +480,14 @@ async fn cleanup(version: &SealedVolumeVersion, ctx: &Context) -> Result<Action>
         Err((retention, problem)) => {
             // Only a CRD older than its bound (or a hand-edited annotation) admits such a
             // value: say what is used.
-            ctx.event(&reference, true, "InvalidRetention", "Delete", problem)
-                .await;
+            ctx.event(
+                &reference,
+                EventType::Warning,
+                "InvalidRetention",
+                "Delete",
+                problem,
+            )
+            .await;
             retention
         }
     };
@@ -511,7 +517,7 @@ async fn cleanup(version: &SealedVolumeVersion, ctx: &Context) -> Result<Action>
         );
         ctx.event(
             &reference,
-            false,
+            EventType::Normal,
             "WaitingForUnpublish",
             "Delete",
             message.clone(),
@@ -528,7 +534,7 @@ async fn cleanup(version: &SealedVolumeVersion, ctx: &Context) -> Result<Action>
                 ctx.metrics.versions_trashed.inc();
                 ctx.event(
                     &reference,
-                    false,
+                    EventType::Normal,
                     "Trashed",
                     "Delete",
                     format!(
@@ -585,7 +591,7 @@ async fn kept_event(
 ) {
     ctx.event(
         reference,
-        false,
+        EventType::Normal,
         "KeptInStore",
         "Delete",
         format!("{digest} stays in the store: still used by {by}"),

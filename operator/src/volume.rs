@@ -9,6 +9,7 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
 use sealed_crds::{
     CONDITION_READY, CONDITION_SYNCED, Condition, SealedVolume, SealedVolumeStatus,
@@ -233,7 +234,7 @@ async fn start_sync(
             if record_waiting(status, &request.trigger, &failure, generation) {
                 ctx.event(
                     &reference,
-                    true,
+                    EventType::Warning,
                     &failure.reason,
                     "Sync",
                     failure.message.clone(),
@@ -254,7 +255,7 @@ async fn start_sync(
         };
         ctx.event(
             &reference,
-            false,
+            EventType::Normal,
             "SyncStarted",
             "Sync",
             format!("syncing {summary}{place}"),
@@ -287,7 +288,7 @@ async fn conclude_sync(
             ctx.metrics.sync_bytes_reused.inc_by(outcome.bytes_reused);
             ctx.event(
                 &reference,
-                false,
+                EventType::Normal,
                 "SyncSucceeded",
                 "Sync",
                 format!("{}; version {version}", synced_message(&summary, &outcome)),
@@ -301,7 +302,7 @@ async fn conclude_sync(
                 .inc();
             ctx.event(
                 &reference,
-                true,
+                EventType::Warning,
                 "SyncFailed",
                 "Sync",
                 format!("{}: {}", failure.reason, failure.message),
@@ -518,7 +519,7 @@ async fn create_version(
                     // without the warm count, and no node warms it.
                     ctx.event(
                         &volume.object_ref(&()),
-                        true,
+                        EventType::Warning,
                         "WarmNotAllowed",
                         "Warm",
                         format!("version {name} ({digest}) is not warmed: {why}"),
@@ -677,7 +678,7 @@ async fn import_store_records(volume: &SealedVolume, ctx: &Context) -> Result<()
                 ctx.metrics.records_rejected.inc();
                 ctx.event(
                     &volume.object_ref(&()),
-                    true,
+                    EventType::Warning,
                     "RecordRejected",
                     "Import",
                     format!(
@@ -694,7 +695,7 @@ async fn import_store_records(volume: &SealedVolume, ctx: &Context) -> Result<()
         create_version(volume, ctx, &versions, &version, &digest_str).await?;
         ctx.event(
             &volume.object_ref(&()),
-            false,
+            EventType::Normal,
             "VersionImported",
             "Import",
             format!("{digest_str} found in the store for {namespace}/{name}: created SealedVolumeVersion {version}"),

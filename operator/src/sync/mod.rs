@@ -8,6 +8,7 @@ pub mod executor;
 pub mod failure;
 pub mod inline;
 pub mod job;
+pub mod runner;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
