@@ -11,7 +11,7 @@ use sealed_crds::Source;
 use sealed_operator::config::{
     OperatorConfig, SyncExecutor, SyncLog, SyncPodSettings, SyncResources,
 };
-use sealed_operator::sync::{Credentials, SyncRequest};
+use sealed_operator::sync::{SourceCredentials, SyncRequest};
 use sealed_operator::webhook::placement::Exclusion;
 use sealed_operator::webhook::{AbortOnDrop, WebhookConfig, follow};
 use sealed_operator::{controller, metrics::Metrics};
@@ -438,7 +438,7 @@ async fn sync(args: SyncArgs) -> anyhow::Result<u8> {
         trigger: args.trigger.clone(),
         policy: args.policy.policy(&args.store)?,
     };
-    let credentials = Credentials::from_env(std::env::vars());
+    let credentials = SourceCredentials::from_env(std::env::vars());
     let store = open_store(&args.store).await;
     sealed_operator::sync::runner::run_in_job(
         store,

@@ -22,7 +22,7 @@ use super::SyncFailure;
 use crate::source_spec::source_spec;
 
 /// The source readers' credentials type; this module adds how the operator gets them.
-pub use sealed_sources::SourceCredentials as Credentials;
+pub use sealed_sources::SourceCredentials;
 pub use sealed_sources::credentials::{ENV_PREFIX, HF_TOKEN_KEY};
 
 /// What a sync of `source` needs before it starts: the policy's verdict (`SourceRefused`,
@@ -33,7 +33,7 @@ pub async fn prepare(
     namespace: &str,
     source: &Source,
     policy: &SourcePolicy,
-) -> Result<Credentials, SyncFailure> {
+) -> Result<SourceCredentials, SyncFailure> {
     source_spec(source)
         .and_then(|spec| policy.check(&spec, names_secret(source)))
         .map_err(|e| SyncFailure::new(e.reason(), redact_urls_in(&e.to_string())))?;
@@ -48,7 +48,7 @@ pub async fn read(
     client: &Client,
     namespace: &str,
     source: &Source,
-) -> Result<Credentials, SyncFailure> {
+) -> Result<SourceCredentials, SyncFailure> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let get = |name: String| {
         let secrets = secrets.clone();
@@ -74,7 +74,7 @@ pub async fn read(
             }
         }
     };
-    let mut creds = Credentials::default();
+    let mut creds = SourceCredentials::default();
     match source.kind() {
         Ok(SourceKind::HuggingFace(hf)) => {
             if let Some(r) = &hf.token_secret_ref {

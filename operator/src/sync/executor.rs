@@ -8,7 +8,7 @@ use futures::future::BoxFuture;
 
 use super::inline::InlineExecutor;
 use super::job::JobExecutor;
-use super::{Credentials, SyncRequest, SyncState};
+use super::{SourceCredentials, SyncRequest, SyncState};
 use crate::error::Result;
 
 pub trait Executor: Send + Sync {
@@ -20,7 +20,7 @@ pub trait Executor: Send + Sync {
     fn start<'a>(
         &'a self,
         request: &'a SyncRequest,
-        credentials: Credentials,
+        credentials: SourceCredentials,
     ) -> BoxFuture<'a, Result<Option<String>>>;
 
     /// Where the sync of `request` (its volume and trigger) stands.
@@ -39,7 +39,7 @@ impl Executor for InlineExecutor {
     fn start<'a>(
         &'a self,
         request: &'a SyncRequest,
-        credentials: Credentials,
+        credentials: SourceCredentials,
     ) -> BoxFuture<'a, Result<Option<String>>> {
         InlineExecutor::start(self, request.clone(), credentials);
         Box::pin(async { Ok(None) })
@@ -64,7 +64,7 @@ impl Executor for JobExecutor {
     fn start<'a>(
         &'a self,
         request: &'a SyncRequest,
-        credentials: Credentials,
+        credentials: SourceCredentials,
     ) -> BoxFuture<'a, Result<Option<String>>> {
         Box::pin(async move { Ok(Some(JobExecutor::start(self, request, &credentials).await?)) })
     }

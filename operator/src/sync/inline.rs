@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use sealed_store::ChunkStore;
 
-use super::{Counters, Credentials, SyncFailure, SyncOutcome, SyncRequest, SyncState};
+use super::{Counters, SourceCredentials, SyncFailure, SyncOutcome, SyncRequest, SyncState};
 use crate::metrics::Metrics;
 
 struct Running {
@@ -35,7 +35,7 @@ impl InlineExecutor {
 
     /// Starts the sync unless one with this trigger is already running or done; a sync of an
     /// older trigger for the same volume is cancelled.
-    pub fn start(&self, request: SyncRequest, credentials: Credentials) {
+    pub fn start(&self, request: SyncRequest, credentials: SourceCredentials) {
         let key = (request.namespace.clone(), request.name.clone());
         let mut syncs = self.syncs.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(old) = syncs.get(&key) {

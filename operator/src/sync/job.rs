@@ -20,7 +20,7 @@ use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
 use sealed_store::STORE_CREDENTIAL_ENV_PREFIX;
 
-use super::{Credentials, SyncFailure, SyncRequest, SyncState, Termination};
+use super::{SourceCredentials, SyncFailure, SyncRequest, SyncState, Termination};
 use crate::config::OperatorConfig;
 use crate::error::{Error, Result};
 
@@ -57,7 +57,11 @@ impl JobExecutor {
     }
 
     /// Creates the Job (and its credentials Secret). Creating it again is a no-op.
-    pub async fn start(&self, request: &SyncRequest, credentials: &Credentials) -> Result<String> {
+    pub async fn start(
+        &self,
+        request: &SyncRequest,
+        credentials: &SourceCredentials,
+    ) -> Result<String> {
         let name = Self::job_name(request);
         let job = job_spec(
             &self.config,

@@ -17,7 +17,7 @@ use sealed_crds::Source;
 use sealed_sources::{SyncOptions, SyncProgress, sync_source};
 use serde::{Deserialize, Serialize};
 
-pub use credentials::Credentials;
+pub use credentials::SourceCredentials;
 pub use executor::Executor;
 pub use sealed_sources::{SourcePolicy, SyncOutcome};
 
@@ -164,7 +164,7 @@ pub enum SyncState {
 pub async fn run(
     store: &sealed_store::ChunkStore,
     request: &SyncRequest,
-    credentials: &Credentials,
+    credentials: &SourceCredentials,
     counters: Arc<Counters>,
 ) -> Result<SyncOutcome, SyncFailure> {
     let options = SyncOptions {

@@ -11,7 +11,7 @@ use sealed_store::ChunkStore;
 
 use super::failure::hide_store;
 use super::job::EXIT_PERMANENT;
-use super::{Counters, Credentials, SyncFailure, SyncRequest, Termination};
+use super::{Counters, SourceCredentials, SyncFailure, SyncRequest, Termination};
 
 /// How often a running sync prints its counters.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
@@ -22,7 +22,7 @@ pub async fn run_in_job(
     store: anyhow::Result<ChunkStore>,
     store_url: &str,
     request: &SyncRequest,
-    credentials: &Credentials,
+    credentials: &SourceCredentials,
     termination_log: &Path,
 ) -> anyhow::Result<u8> {
     let counters = Arc::new(Counters::default());
