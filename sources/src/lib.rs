@@ -556,9 +556,13 @@ pub(crate) fn size_mismatch(declared: u64) -> String {
     format!("the download's size differs from the {declared} bytes the listing declared")
 }
 
-/// Exponential backoff for retry `attempt` (1-based): 200 ms, 400 ms, ... capped at 10 s.
+/// The delay before retry `attempt` (1-based): exponential with jitter (the store's
+/// [`RetryPolicy`](sealed_store::retry::RetryPolicy)), in [200 ms, 400 ms) for the first,
+/// doubling, every delay under 10 s: sync Jobs that failed at one instant (a source's outage,
+/// its 429) do not come back in lockstep.
 pub(crate) fn backoff(attempt: u32) -> Duration {
-    Duration::from_millis(200u64.saturating_mul(1 << attempt.min(6))).min(Duration::from_secs(10))
+    sealed_store::retry::RetryPolicy::new(Duration::from_millis(200), Duration::from_secs(10))
+        .delay(attempt)
 }
 
 /// Wraps a download: hashes what passes (SHA-256, and the git blob id when asked),
@@ -677,6 +681,26 @@ pub(crate) fn globset(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Downloads that broke off at one instant retry out of step, in bounds.
+    #[test]
+    fn retries_are_jittered_and_bounded() {
+        let firsts: std::collections::BTreeSet<_> = (0..100).map(|_| backoff(1)).collect();
+        assert!(firsts.len() > 10, "first retries in lockstep: {firsts:?}");
+        assert!(
+            firsts
+                .iter()
+                .all(|d| *d >= Duration::from_millis(200) && *d < Duration::from_millis(400)),
+            "{firsts:?}"
+        );
+        for attempt in [2, 5, 9, 40, u32::MAX] {
+            let d = backoff(attempt);
+            assert!(
+                d >= Duration::from_millis(200) && d < Duration::from_secs(10),
+                "{d:?}"
+            );
+        }
+    }
 
     #[test]
     fn urls_lose_userinfo_query_and_fragment() {

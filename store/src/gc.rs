@@ -31,6 +31,7 @@ use crate::layout::{self, Prefix, TrashKey};
 use crate::lease::{LeaseRecord, list_leases};
 use crate::manifest::Manifest;
 use crate::objects::found;
+use crate::retry::RetryPolicy;
 use crate::store::ChunkStore;
 use crate::trash::read_trashed_bytes;
 
@@ -176,7 +177,8 @@ async fn wait_for_writers(
     report: &mut GcReport,
 ) -> Result<bool> {
     let waiting_since = Instant::now();
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff =
+        RetryPolicy::new(Duration::from_millis(50), Duration::from_secs(1)).schedule();
     loop {
         let (live, expired) = live_leases(store, clock).await?;
         if live.is_empty() {
@@ -206,8 +208,7 @@ async fn wait_for_writers(
             report.active_writers = live;
             return Ok(false);
         }
-        tokio::time::sleep(backoff.min(wait)).await;
-        backoff = (backoff * 2).min(Duration::from_secs(1));
+        tokio::time::sleep(backoff.next_delay().min(wait)).await;
     }
 }
 

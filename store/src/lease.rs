@@ -31,6 +31,7 @@ use crate::gc_marker::read_gc_marker;
 use crate::holder::{hostname, random_id};
 use crate::keepalive::{Keepalive, Renewable};
 use crate::layout::{self, Prefix};
+use crate::retry::RetryPolicy;
 use crate::store::ChunkStore;
 
 /// How long a writer waits for a running garbage collection before giving up.
@@ -120,7 +121,9 @@ impl WriterLease {
         let host = hostname();
         let pid = std::process::id();
         let started = Instant::now();
-        let mut backoff = Duration::from_millis(50);
+        // Jittered: writers that found one collection wait out of step with each other.
+        let mut backoff =
+            RetryPolicy::new(Duration::from_millis(50), Duration::from_secs(1)).schedule();
         // If this future is dropped mid-wait (Ctrl-C), the lease object goes too.
         let mut pending = PendingLease {
             store: store.clone(),
@@ -204,8 +207,7 @@ impl WriterLease {
                 return Err(e);
             }
             let remaining = opts.max_wait.saturating_sub(waited);
-            tokio::time::sleep(backoff.min(remaining)).await;
-            backoff = (backoff * 2).min(Duration::from_secs(1));
+            tokio::time::sleep(backoff.next_delay().min(remaining)).await;
         }
     }
 

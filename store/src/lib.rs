@@ -28,6 +28,7 @@ pub mod progress;
 pub mod pull;
 pub mod push;
 pub mod refs;
+pub mod retry;
 pub mod scan;
 pub mod stat_cache;
 pub mod store;

@@ -16,6 +16,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use sealed_mount::MountHandle;
 use sealed_store::Digest;
+use sealed_store::retry::RetryPolicy;
 use tokio::time::Instant;
 
 use super::{Driver, Publication, VersionMount};
@@ -260,7 +261,9 @@ impl Driver {
         let deadline = started
             .checked_add(self.config.resume_deadline.min(Duration::from_secs(86_400)))
             .unwrap_or(started);
-        let mut pause = Duration::from_millis(500);
+        // Jittered: the plugins of a fleet whose store went away do not come back in lockstep.
+        let mut pauses =
+            RetryPolicy::new(Duration::from_millis(500), Duration::from_secs(10)).schedule();
         loop {
             let attempt = async {
                 let store = self.store.get().await?;
@@ -278,6 +281,7 @@ impl Driver {
                 }
                 Err(_) => "no answer".to_string(),
             };
+            let pause = pauses.next_delay();
             if Instant::now() + pause >= deadline {
                 tracing::error!(%digest, error = why, deadline_s = self.config.resume_deadline.as_secs(),
                     "store unreachable until the resume deadline: giving up on a held mount");
@@ -285,7 +289,6 @@ impl Driver {
             }
             tracing::warn!(%digest, error = why, "store unreachable; retrying the manifest of a held mount");
             tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_secs(10));
         }
     }
 
