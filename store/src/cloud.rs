@@ -6,7 +6,7 @@
 //!
 //! | backend | endpoint, first that is set | credentials, region |
 //! |---|---|---|
-//! | S3 | `--endpoint`, `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`, the profile's `endpoint_url` | `AWS_*`, then `AWS_PROFILE`'s files ([`crate::aws_profile`]) |
+//! | S3 | `--endpoint`, `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`, the profile's `endpoint_url` | `AWS_*`, then `AWS_PROFILE`'s files ([`crate::aws_profile`]: keys, or a role, a credential process, SSO by [`crate::aws_credentials`]) |
 //! | GCS | `--endpoint`, `STORAGE_EMULATOR_HOST` (an emulator: no OAuth) | `GOOGLE_*`, application default credentials |
 //! | Azure | `--endpoint`, `AZURE_STORAGE_CONNECTION_STRING`'s `BlobEndpoint` | `AZURE_*`, the connection string |
 
@@ -45,7 +45,14 @@ pub fn s3_builder(opts: &StoreOptions) -> Result<(AmazonS3Builder, Option<String
     if let Some(p) = &profile {
         // The environment's keys are a set: with AWS_ACCESS_KEY_ID set, the profile's keys
         // (and token) are not mixed in.
-        if env("AWS_ACCESS_KEY_ID").is_none() {
+        if env("AWS_ACCESS_KEY_ID").is_none()
+            && let Some(source) = &p.source
+        {
+            // A role, a credential process or SSO (crate::aws_credentials).
+            let provider = crate::aws_credentials::ProfileCredentials::for_source(source.clone())
+                .map_err(|e| Error::Other(format!("AWS profile '{}': {e}", p.name)))?;
+            b = b.with_credentials(std::sync::Arc::new(provider));
+        } else if env("AWS_ACCESS_KEY_ID").is_none() {
             for (key, value) in [
                 (AmazonS3ConfigKey::AccessKeyId, &p.access_key_id),
                 (AmazonS3ConfigKey::SecretAccessKey, &p.secret_access_key),

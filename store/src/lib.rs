@@ -4,6 +4,7 @@
 //! described by a [`Manifest`]; the BLAKE3 of the manifest's canonical bytes names the sealed
 //! version. [`ChunkStore`] keeps chunks and manifests in any `object_store` backend.
 
+pub mod aws_credentials;
 pub mod aws_profile;
 pub mod bounded;
 pub mod chunker;
