@@ -66,6 +66,12 @@ struct Args {
     /// Bound on the disk cache: a Kubernetes quantity (10Gi = 10·2^30, 10G = 10·10^9) or bytes
     #[arg(long, env = "SEALED_CACHE_SIZE", default_value = "10Gi", value_parser = parse_size)]
     cache_size: u64,
+    /// Percent of the cache's filesystem kept free: below it the disk cache evicts its own
+    /// least recently used entries, or stops caching new ones (reads are still served).
+    /// 0 turns the guard off (0 to 90)
+    #[arg(long, env = "SEALED_CACHE_MIN_FREE_PERCENT", default_value_t = 10,
+          value_parser = clap::value_parser!(u8).range(0..=90))]
+    cache_min_free_percent: u8,
     /// Bound on chunks held in memory, for the node
     #[arg(long, default_value = "256Mi", value_parser = parse_size)]
     memory: u64,
@@ -393,6 +399,7 @@ fn plugin_config(args: Args) -> anyhow::Result<PluginConfig> {
         endpoint: args.endpoint,
         driver,
         cache,
+        cache_min_free_percent: args.cache_min_free_percent,
         mount,
         api,
         kubelet_dir: args.kubelet_dir,

@@ -259,6 +259,12 @@ const PLAIN: &[Plain] = &[
         |s| s.disk_evictions,
     ),
     (
+        "sealed_cache_free_space_guard_total",
+        "Chunks and files the node disk cache did not keep because the cache filesystem was at its free-space floor (--cache-min-free-percent)",
+        Kind::Counter,
+        |s| s.cache_free_space_refusals,
+    ),
+    (
         "sealed_prefetch_issued_total",
         "Readahead chunk fetches issued",
         Kind::Counter,
@@ -377,6 +383,12 @@ const PLAIN: &[Plain] = &[
         "Bytes held by the node disk cache",
         Kind::Gauge,
         |s| s.disk_cache_bytes,
+    ),
+    (
+        "sealed_cache_filesystem_free_bytes",
+        "Free bytes of the filesystem under the node disk cache at the cache's last write",
+        Kind::Gauge,
+        |s| s.cache_filesystem_free_bytes,
     ),
     (
         "sealed_memory_cache_bytes",

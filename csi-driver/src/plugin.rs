@@ -33,6 +33,8 @@ pub struct PluginConfig {
     pub driver: DriverConfig,
     /// The node cache; its `disk_dir` is made private (0700).
     pub cache: NodeCacheOptions,
+    /// The disk cache's free-space floor, percent of its filesystem (0: off).
+    pub cache_min_free_percent: u8,
     pub mount: MountOptions,
     /// API-server mode; `None` is `--standalone` (no authorization, no node checks).
     pub api: Option<ApiConfig>,
@@ -90,6 +92,7 @@ pub async fn run(config: PluginConfig) -> anyhow::Result<()> {
         let dir = cache_dir.as_deref().unwrap_or(Path::new("(memory only)"));
         format!("cannot open the node cache {}", dir.display())
     })?;
+    cache.set_disk_min_free_percent(config.cache_min_free_percent);
     let fd_holder = config.driver.fd_holder.is_some();
     let store_url = config.driver.store_url.clone();
     let state_dir = config.driver.state_dir.clone();

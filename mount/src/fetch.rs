@@ -228,6 +228,14 @@ impl NodeCache {
         &self.inner.metrics
     }
 
+    /// The disk tier's free-space floor, percent of its filesystem (`cache::free_space`;
+    /// default 10, 0 off); nothing without a disk tier.
+    pub fn set_disk_min_free_percent(&self, percent: u8) {
+        if let Some(disk) = &self.inner.disk {
+            disk.set_min_free_percent(percent);
+        }
+    }
+
     /// The largest readahead window this cache holds without refetching: without a disk
     /// tier, a quarter of the memory tier and half the readahead budget; with one, no limit
     /// (chunks read ahead are on disk when memory lets them go). A quarter, because by the

@@ -47,6 +47,10 @@ pub struct MountMetrics {
     /// Bytes held by the disk cache and evictions it made (gauge, counter).
     pub disk_cache_bytes: AtomicU64,
     pub disk_evictions: AtomicU64,
+    /// The cache filesystem's free bytes at the last check (a gauge), and entries not cached
+    /// because writing them would have left less than its free-space floor (`cache::free_space`).
+    pub cache_filesystem_free_bytes: AtomicU64,
+    pub cache_free_space_refusals: AtomicU64,
     /// Bytes held by the memory tier (a gauge).
     pub memory_cache_bytes: AtomicU64,
     /// Bytes returned to readers through `read`.
@@ -210,6 +214,8 @@ pub struct MetricsSnapshot {
     pub prefetch_issued: u64,
     pub disk_cache_bytes: u64,
     pub disk_evictions: u64,
+    pub cache_filesystem_free_bytes: u64,
+    pub cache_free_space_refusals: u64,
     pub memory_cache_bytes: u64,
     pub bytes_read: u64,
     pub read_errors: u64,
@@ -283,6 +289,8 @@ impl MountMetrics {
             prefetch_issued: g(&self.prefetch_issued),
             disk_cache_bytes: g(&self.disk_cache_bytes),
             disk_evictions: g(&self.disk_evictions),
+            cache_filesystem_free_bytes: g(&self.cache_filesystem_free_bytes),
+            cache_free_space_refusals: g(&self.cache_free_space_refusals),
             memory_cache_bytes: g(&self.memory_cache_bytes),
             bytes_read: g(&self.bytes_read),
             read_errors: g(&self.read_errors),

@@ -46,6 +46,9 @@ use crate::error::MountError;
 use crate::lru::{Inserted, LruIndex};
 use crate::metrics::MountMetrics;
 
+#[path = "free_space.rs"]
+mod free_space;
+
 /// What the disk cache holds: a chunk by its digest, or a whole file by its BLAKE3.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Key {
@@ -127,6 +130,8 @@ pub struct DiskCache {
     located: Mutex<HashMap<Digest, Located>>,
     /// Entries eviction must skip, with how many holders each has.
     pins: Mutex<HashMap<Key, u32>>,
+    /// Keeps a share of the filesystem free (`free_space.rs`).
+    free_space: free_space::FreeSpaceGuard,
 }
 
 impl DiskCache {
@@ -189,6 +194,7 @@ impl DiskCache {
             writer: Mutex::new(()),
             located: Mutex::new(HashMap::new()),
             pins: Mutex::new(HashMap::new()),
+            free_space: Default::default(),
         };
         for (_, key, len) in found {
             // Found, not verified: nothing is served from them as a whole until checked.
@@ -274,6 +280,9 @@ impl DiskCache {
         len: u64,
         spare_recent: Option<Duration>,
     ) -> Result<bool, ()> {
+        if !self.free_space_for(key, len, spare_recent) {
+            return Ok(false);
+        }
         let outcome = {
             let mut index = self.index.lock();
             let pins = self.pins.lock();
