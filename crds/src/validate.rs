@@ -58,6 +58,23 @@ pub fn is_digest(s: &str) -> bool {
             .is_some_and(|hex| hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
 }
 
+/// A DNS-1123 label: what a namespace name may be.
+pub fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    !b.is_empty()
+        && b.len() <= 63
+        && alnum(&b[0])
+        && alnum(&b[b.len() - 1])
+        && b.iter().all(|c| alnum(c) || *c == b'-')
+}
+
+/// A DNS-1123 subdomain (`crate::schema::OBJECT_NAME_PATTERN`, at most 253
+/// characters): what a SealedVolume's (or a Secret's) name may be.
+pub fn is_object_name(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
 /// True for a valid tag name (the schema's `TAG_NAME_PATTERN`, at most 63 characters).
 pub fn is_tag_name(s: &str) -> bool {
     let b = s.as_bytes();
@@ -292,6 +309,15 @@ mod tests {
     use super::*;
 
     const D: &str = "blake3:8f3a000000000000000000000000000000000000000000000000000000000001";
+
+    #[test]
+    fn namespaces_and_object_names() {
+        assert!(is_dns_label("ml") && is_dns_label("team-a") && is_dns_label(&"a".repeat(63)));
+        assert!(!is_dns_label("m.l") && !is_dns_label("") && !is_dns_label("-a"));
+        assert!(!is_dns_label("A") && !is_dns_label(&"a".repeat(64)));
+        assert!(is_object_name("llama-3.8b") && !is_object_name(&"a".repeat(254)));
+        assert!(!is_object_name("llama..8b") && !is_object_name("Llama"));
+    }
 
     #[test]
     fn digests() {

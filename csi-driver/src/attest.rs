@@ -36,10 +36,10 @@ impl std::str::FromStr for SecretRef {
         let (namespace, name) = s
             .split_once('/')
             .ok_or_else(|| format!("{s:?}: expected NAMESPACE/NAME"))?;
-        if !crate::node::is_dns_label(namespace) {
+        if !sealed_crds::validate::is_dns_label(namespace) {
             return Err(format!("{s:?}: {namespace:?} is not a namespace name"));
         }
-        if !crate::node::is_object_name(name) {
+        if !sealed_crds::validate::is_object_name(name) {
             return Err(format!("{s:?}: {name:?} is not a Secret name"));
         }
         Ok(SecretRef {

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use sealed_crds::validate::is_object_name;
 use sealed_mount::PrefetchSelection;
 use sealed_store::Digest;
 use sealed_store::profile::ProfileScope;
@@ -168,23 +169,6 @@ impl NodeService {
         }
         Ok(())
     }
-}
-
-/// A DNS-1123 label: what a namespace name may be.
-pub fn is_dns_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-    !b.is_empty()
-        && b.len() <= 63
-        && alnum(&b[0])
-        && alnum(&b[b.len() - 1])
-        && b.iter().all(|c| alnum(c) || *c == b'-')
-}
-
-/// A DNS-1123 subdomain (`sealed_crds::schema::OBJECT_NAME_PATTERN`, at most 253
-/// characters): what a SealedVolume's (or a Secret's) name may be.
-pub fn is_object_name(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
 }
 
 fn required<'a>(value: &'a str, name: &'static str) -> Result<&'a str, CsiError> {
@@ -569,8 +553,6 @@ mod tests {
             version_from_context(&ctx).unwrap(),
             VersionRef::Tag { volume, .. } if volume == long
         ));
-        assert!(is_object_name("llama-3.8b") && !is_object_name(&"a".repeat(254)));
-        assert!(is_dns_label("ml") && !is_dns_label("m.l") && !is_dns_label(""));
     }
 
     #[test]

@@ -23,7 +23,7 @@ use crate::kube_access::{AttestationConfig, KubeAccess};
 use crate::lease::{PublicationsLease, Reporter};
 use crate::metrics::Health;
 use crate::state::{Driver, DriverConfig};
-use crate::{node, registration, server, state_dir};
+use crate::{registration, server, state_dir};
 
 /// Everything the plugin is started with (`sealed-csi`'s flags).
 #[derive(Clone, Debug)]
@@ -300,7 +300,7 @@ fn publications_reporter(
     match (kube, namespace) {
         (Some(kube), Some(ns)) if !ns.is_empty() => {
             anyhow::ensure!(
-                node::is_dns_label(ns),
+                sealed_crds::validate::is_dns_label(ns),
                 "--publications-namespace {ns:?} is not a namespace name"
             );
             let lease = PublicationsLease::new(
