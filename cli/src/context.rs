@@ -190,8 +190,9 @@ fn parse_digest_arg(arg: &str) -> anyhow::Result<DigestArg> {
 }
 
 /// Which of `candidates` the argument names: a whole digest is taken as is (the command then
-/// says whether the store has it); a prefix must match exactly one candidate.
-fn pick(
+/// says whether the store has it); a prefix must match exactly one candidate. `place` says
+/// where the candidates are (`in store X`, `of SealedVolume ns/name`).
+pub fn pick_digest(
     arg: &str,
     candidates: impl FnOnce() -> Vec<Digest>,
     place: &str,
@@ -228,7 +229,7 @@ pub async fn resolve_digest(store: &ChunkStore, arg: &str) -> anyhow::Result<Dig
         DigestArg::Full(d) => return Ok(d),
         DigestArg::Prefix(_) => store.list_versions().await?,
     };
-    pick(
+    pick_digest(
         arg,
         || listed.into_iter().map(|v| v.digest).collect(),
         &format!("in store {}", store.name()),
@@ -241,7 +242,7 @@ pub async fn resolve_trashed_digest(store: &ChunkStore, arg: &str) -> anyhow::Re
         DigestArg::Full(d) => return Ok(d),
         DigestArg::Prefix(_) => sealed_store::trash::list_trash(store).await?,
     };
-    pick(
+    pick_digest(
         arg,
         || listed.into_iter().map(|r| r.digest).collect(),
         &format!("in the trash of store {}", store.name()),

@@ -9,7 +9,10 @@ use sealed_store::Error as StoreError;
 /// The kinds of failure a script can tell apart by exit code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Failure {
-    /// Anything else (bad input, a local I/O error, the cluster refusing a request).
+    /// Anything else (bad input, a local I/O error, the cluster refusing a request). Also
+    /// what `sealed diff --exit-code` returns when the two sides differ and `sealed pin
+    /// --check` when a reference floats (as `git diff --exit-code`): a script that needs to
+    /// tell those from a failure reads stderr, or `-o json`.
     Other = 1,
     /// A wrong command line, or a store URL or endpoint that cannot be right (clap exits
     /// with 2 for its own checks).
@@ -32,7 +35,7 @@ impl Failure {
 /// The exit-code table as `sealed --help` shows it.
 pub const EXIT_CODES_HELP: &str = "Exit codes:
   0  success
-  1  any other failure
+  1  any other failure; `sealed diff --exit-code`: the two differ (`pin --check`: a reference floats)
   2  usage: a wrong command line, digest, store URL or endpoint
   3  the version is corrupt or incomplete (verify found missing or bad chunks; pull read bad bytes)
   4  not found: the version, volume or store does not exist

@@ -33,7 +33,8 @@ enum Command {
     Pull(commands::pull::PullArgs),
     /// Show a version's files, sizes and chunks
     Inspect(commands::inspect::InspectArgs),
-    /// Compare two versions: files added, removed, changed, and bytes a push would upload
+    /// Compare two versions, or a local directory and a version: files added, removed, changed,
+    /// and bytes a push would upload (--exit-code: exit 1 when they differ)
     Diff(commands::diff::DiffArgs),
     /// Check that every chunk of a version is present and intact
     Verify(commands::verify::VerifyArgs),
@@ -53,6 +54,8 @@ enum Command {
     Gc(commands::gc::GcArgs),
     /// Have the cluster sync a Hugging Face repo or a bucket into a SealedVolume; prints the digest
     Sync(commands::sync::SyncArgs),
+    /// Point a tag of a SealedVolume at one of its versions (--rm: remove the tag)
+    Tag(commands::tag::TagArgs),
     /// Rewrite volume + tag references in manifests to the digests they name now (--check: fail while one floats)
     Pin(commands::pin::PinArgs),
     /// Print the version of `sealed` (-o json for scripts)
@@ -125,6 +128,7 @@ fn main() -> std::process::ExitCode {
             Command::Trash(a) => commands::trash::run(&ctx, a).await,
             Command::Gc(a) => commands::gc::run(&ctx, a).await,
             Command::Sync(a) => commands::sync::run(&ctx, a).await,
+            Command::Tag(a) => commands::tag::run(&ctx, a).await,
             Command::Pin(a) => commands::pin::run(&ctx, a).await,
             Command::Version => print_version(&ctx),
             Command::Completions { shell } => {

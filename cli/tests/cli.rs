@@ -87,6 +87,130 @@ fn diff_reports_changes_and_upload_size() {
     assert_eq!(v["new_bytes"], 7 + 3);
 }
 
+/// Every file under `dir` with its bytes: what a command that must write nothing leaves.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p.clone());
+            }
+            let bytes = if p.is_file() {
+                std::fs::read(&p).unwrap()
+            } else {
+                vec![]
+            };
+            out.push((p, bytes));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn push_dry_run_and_diff_of_a_directory_write_nothing() {
+    let env = Env::new();
+    let src = env.sample();
+    let (ok, a, _) = env.run(&["push", src.to_str().unwrap()]);
+    assert!(ok);
+    let a = a.trim().to_owned();
+    std::fs::write(src.join("sub/config.json"), b"{\"v\":2}").unwrap();
+    // Bytes that do not repeat, so none of its chunks dedupe.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let noise: Vec<u8> = (0..2 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    std::fs::write(src.join("new.bin"), noise).unwrap();
+    std::fs::remove_dir_all(src.join("sub")).unwrap();
+    std::fs::create_dir(src.join("sub")).unwrap();
+    std::fs::write(src.join("sub/other.json"), b"[]").unwrap();
+    let store = snapshot(&env.path("store"));
+    let cache = snapshot(&env.path("cache"));
+
+    // The dry run prints the digest the push will print, and what it would upload.
+    let (ok, out, err) = env.run(&["push", "--dry-run", src.to_str().unwrap(), "-o", "json"]);
+    assert!(ok, "{err}");
+    let dry: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(dry["dry_run"], true);
+    assert_eq!(dry["already_in_store"], false);
+    assert!(dry["chunks_to_upload"].as_u64().unwrap() >= 2, "{dry}");
+    assert_eq!(dry["bytes_to_upload"], (2 << 20) + 2, "{dry}");
+    let (ok, text, _) = env.run(&["push", "--dry-run", src.to_str().unwrap()]);
+    assert!(ok);
+    assert_eq!(text.trim(), dry["digest"], "the digest alone on stdout");
+
+    // diff DIGEST DIR: what pushing the directory would change; --exit-code says they differ.
+    let (ok, out, err) = env.run(&["diff", &a, src.to_str().unwrap(), "-o", "json"]);
+    assert!(ok, "{err}");
+    let d: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(d["to"], dry["digest"]);
+    assert_eq!(d["same"], false);
+    assert_eq!(d["added"], serde_json::json!(["new.bin", "sub/other.json"]));
+    assert_eq!(d["removed"], serde_json::json!(["sub/config.json"]));
+    assert_eq!(d["new_bytes"], (2 << 20) + 2);
+    let out = env
+        .sealed()
+        .args(["diff", "--exit-code", src.to_str().unwrap(), &a])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "differ: exit 1");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("- new.bin") && text.contains("+ sub/config.json"),
+        "{text}"
+    );
+    assert_eq!(
+        snapshot(&env.path("store")),
+        store,
+        "a dry run or a diff wrote to the store"
+    );
+    assert_eq!(
+        snapshot(&env.path("cache")),
+        cache,
+        "a dry run or a diff wrote the stat cache"
+    );
+
+    // Pushed, the same directory is the same version: exit 0, nothing more to upload.
+    let (ok, b, _) = env.run(&["push", src.to_str().unwrap()]);
+    assert!(ok);
+    assert_eq!(b.trim(), dry["digest"]);
+    let out = env
+        .sealed()
+        .args(["diff", "--exit-code", b.trim(), src.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (ok, out, _) = env.run(&["push", "--dry-run", src.to_str().unwrap(), "-o", "json"]);
+    assert!(ok);
+    let dry: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(dry["already_in_store"], true);
+    assert_eq!(dry["bytes_to_upload"], 0);
+    // Two versions: --exit-code 1 when they differ, 0 against itself.
+    let code = |x: &str, y: &str| {
+        env.sealed()
+            .args(["diff", "--exit-code", x, y])
+            .output()
+            .unwrap()
+            .status
+            .code()
+    };
+    assert_eq!(code(&a, b.trim()), Some(1));
+    assert_eq!(code(&a, &a), Some(0));
+    assert!(env.run(&["diff", &a, b.trim()]).0, "without --exit-code: 0");
+}
+
 #[test]
 fn works_as_a_kubectl_plugin() {
     let env = Env::new();

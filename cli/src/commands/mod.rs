@@ -3,6 +3,7 @@
 pub mod diff;
 pub mod gc;
 pub mod inspect;
+pub mod local;
 pub mod ls;
 pub mod mount;
 pub mod pin;
@@ -11,6 +12,7 @@ pub mod push;
 pub mod restore;
 pub mod rm;
 pub mod sync;
+pub mod tag;
 pub mod trash;
 pub mod verify;
 

@@ -1,12 +1,24 @@
-//! `sealed pin FILE|DIR`: rewrite the `volume` + `tag` references of CSI inline volumes in
-//! Kubernetes manifests to the digest each tag names now, so a Git repository pins bytes;
-//! `sealed pin --check` changes nothing and fails while any reference floats (for CI).
+//! `sealed pin FILE|DIR`: pin the tags that manifests, Helm values and Kustomize files name
+//! to the digests they name now, so a Git repository pins bytes; `sealed pin --check` changes
+//! nothing and fails while any reference floats (for CI). Run again after a tag moved, it
+//! re-pins from what it left behind, so a bot's commit can follow a tag (docs/gitops.md).
 //!
-//! The YAML is parsed to find the references (and where they are), the two attribute
-//! entries are edited in the text (comments, order and quoting elsewhere stay as they were),
-//! and the result is parsed again: it must be the original with exactly those attributes
-//! changed, or the file is left alone with an error. Every tag is resolved before any file
-//! is written, so a tag that does not resolve changes nothing.
+//! What is a reference:
+//! - the `volumeAttributes: {volume, tag}` of a CSI inline volume of our driver: pinned to
+//!   `{digest}` with a marker comment `# sealed: volume=V tag=T` on the digest's line (the
+//!   plugin refuses a digest beside a tag, so the tag goes into the comment);
+//! - a marker comment `# sealed: volume=V tag=T` (optionally `namespace=N`) on the line of a
+//!   `digest:` value or of a `blake3:` value: that value is re-pinned;
+//! - Helm values: a map with string `volume` and `tag` keys and a `digest` key, at any depth
+//!   (`digest` empty or null floats);
+//! - Kustomize images-style entries: a map with `name` (the volume), `newTag` and a `digest`
+//!   that is empty, null or a `blake3:` digest (a `sha256:` one is an image's, left alone).
+//!
+//! The YAML is parsed to find the references (and where they are), the entries are edited in
+//! the text (comments, order and quoting elsewhere stay as they were), and the result is
+//! parsed again: it must be the original with exactly those values changed, or the file is
+//! left alone with an error. Every tag is resolved before any file is written, so a tag that
+//! does not resolve changes nothing.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -31,6 +43,11 @@ const DRIVER: &str = "csi.sealedvolumes.io";
 const DIGEST: &str = "digest";
 const VOLUME: &str = "volume";
 const TAG: &str = "tag";
+/// Kustomize `images:`-style entries: `name`, `newTag`, `digest`.
+const NAME: &str = "name";
+const NEW_TAG: &str = "newTag";
+/// The marker comment `sealed pin` leaves and reads: `# sealed: volume=V tag=T`.
+const MARKER: &str = "# sealed:";
 /// Bounds on what is read: a manifest is small, a repository has a few thousand.
 const MAX_FILE_BYTES: u64 = 16 << 20;
 const MAX_FILES: usize = 100_000;
@@ -50,28 +67,57 @@ pub struct PinArgs {
     pub kube: crate::kube_args::KubeArgs,
 }
 
-/// One `volumeAttributes: {volume, tag}` of a CSI inline volume of our driver.
+/// Where a reference is and how it is pinned.
+#[derive(Clone, Debug)]
+enum Site {
+    /// CSI `volumeAttributes: {volume, tag}` at these (line, column) positions: the volume
+    /// entry becomes `digest: "D"` with the marker, the tag entry goes.
+    Csi {
+        volume_at: (u64, u64),
+        tag_at: (u64, u64),
+    },
+    /// A digest value at (line, column), replaced in place (Helm values, Kustomize entries,
+    /// marked values).
+    Value { at: (u64, u64) },
+}
+
+/// One reference to a SealedVolume by tag.
 #[derive(Clone, Debug, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 struct Reference {
     file: PathBuf,
     line: u64,
-    /// `metadata.namespace` of its document, if it names one.
+    /// `csi`, `values` (Helm), `images` (Kustomize-style) or `marker`.
+    kind: &'static str,
+    /// `metadata.namespace` of its document, or the marker's `namespace=`.
     #[serde(skip)]
     doc_namespace: Option<String>,
     namespace: Option<String>,
     volume: String,
     tag: String,
+    /// The digest the file holds now (`None`: the reference floats).
+    pinned: Option<String>,
+    /// The digest the tag names (after resolving).
     digest: Option<String>,
-    /// Which document of the file, and the JSON pointer of its `volumeAttributes`.
+    /// Which document of the file, and the JSON pointer of the edited node (the
+    /// `volumeAttributes` map, or the digest value).
     #[serde(skip)]
     doc: usize,
     #[serde(skip)]
     pointer: String,
     #[serde(skip)]
-    volume_at: (u64, u64),
-    #[serde(skip)]
-    tag_at: (u64, u64),
+    site: Site,
+}
+
+impl Reference {
+    fn floats(&self) -> bool {
+        self.pinned.is_none()
+    }
+
+    /// Whether pinning changes the file.
+    fn changes(&self) -> bool {
+        self.digest.is_some() && self.digest != self.pinned
+    }
 }
 
 pub async fn run(ctx: &Context, args: PinArgs) -> anyhow::Result<ExitCode> {
@@ -119,30 +165,42 @@ pub async fn run(ctx: &Context, args: PinArgs) -> anyhow::Result<ExitCode> {
     // Every new text is made and checked before the first file is written.
     let mut rewritten = Vec::with_capacity(texts.len());
     for (file, text) in &texts {
-        let mine: Vec<&Reference> = refs.iter().filter(|r| &r.file == file).collect();
+        let mine: Vec<&Reference> = refs
+            .iter()
+            .filter(|r| &r.file == file && r.changes())
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
         let new = rewrite(text, &mine)
             .with_context(|| format!("cannot pin {} safely; pin it by hand", file.display()))?;
         rewritten.push((file, new));
     }
+    let files_changed = rewritten.len();
     for (file, new) in rewritten {
         write_atomically(file, &new)?;
     }
     if !ctx.json() {
         for r in &refs {
+            let now = r.digest.as_deref().unwrap_or_default();
+            let what = match &r.pinned {
+                Some(p) if p == now => format!("{now} (unchanged)"),
+                Some(p) => format!("{p} -> {now}"),
+                None => now.to_owned(),
+            };
             eprintln!(
-                "{}:{}: {}/{} tag {} -> {}",
+                "{}:{}: {}/{} tag {} {what}",
                 r.file.display(),
                 r.line,
                 r.namespace.as_deref().unwrap_or_default(),
                 r.volume,
                 r.tag,
-                r.digest.as_deref().unwrap_or_default()
             );
         }
         eprintln!(
-            "pinned {} reference(s) in {} file(s)",
+            "pinned {} reference(s), {} changed, in {files_changed} file(s)",
             refs.len(),
-            texts.len()
+            refs.iter().filter(|r| r.changes()).count(),
         );
     }
     finish(ctx, &refs)
@@ -155,12 +213,13 @@ fn finish(ctx: &Context, refs: &[Reference]) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `--check`: every reference by tag floats; exit 1 when there is one.
+/// `--check`: exit 1 while a reference floats (a tag without a digest).
 fn check(ctx: &Context, files: &[(PathBuf, bool)], refs: &[Reference]) -> anyhow::Result<ExitCode> {
+    let refs: Vec<&Reference> = refs.iter().filter(|r| r.floats()).collect();
     if ctx.json() {
         print_json(&refs)?;
     } else {
-        for r in refs {
+        for r in &refs {
             println!(
                 "{}:{}: volume {} tag {} floats (`sealed pin` pins it to the digest)",
                 r.file.display(),
@@ -336,13 +395,12 @@ impl Node {
     }
 }
 
-/// The references of `text` (every document): CSI volumes of our driver, in any `volumes`
-/// list (a Pod's, or a Deployment, StatefulSet, DaemonSet, Job or CronJob template's), whose
-/// `volumeAttributes` name a volume and a tag.
+/// The references of `text` (every document), in the order of the text.
 fn find_references(file: &Path, text: &str) -> anyhow::Result<Vec<Reference>> {
     let docs: Vec<Spanned<Node>> = serde_saphyr::from_multiple(text)
         .map_err(|e| anyhow::anyhow!("{e}"))
         .with_context(|| format!("{} is not YAML", file.display()))?;
+    let lines: Vec<&str> = text.lines().collect();
     let mut refs = Vec::new();
     for (doc, node) in docs.iter().enumerate() {
         let namespace = node
@@ -351,9 +409,24 @@ fn find_references(file: &Path, text: &str) -> anyhow::Result<Vec<Reference>> {
             .and_then(|m| m.value.get("namespace"))
             .and_then(|n| n.value.str())
             .map(str::to_owned);
-        let mut found = Vec::new();
-        walk(&node.value, String::new(), false, 0, &mut found);
-        for (pointer, attrs) in found {
+        let mut found = Found::default();
+        walk(&node.value, String::new(), None, false, 0, &mut found);
+        let reference = |line, kind, volume: &str, tag: &str, pinned, pointer, site| Reference {
+            file: file.to_path_buf(),
+            line,
+            kind,
+            doc_namespace: namespace.clone(),
+            namespace: namespace.clone(),
+            volume: volume.to_owned(),
+            tag: tag.to_owned(),
+            pinned,
+            digest: None,
+            doc,
+            pointer,
+            site,
+        };
+        let mut taken = std::collections::BTreeSet::new();
+        for (pointer, attrs) in found.csi {
             let (Some(volume), Some(tag)) = (attrs.get(VOLUME), attrs.get(TAG)) else {
                 continue;
             };
@@ -371,32 +444,149 @@ fn find_references(file: &Path, text: &str) -> anyhow::Result<Vec<Reference>> {
                     volume.referenced.line()
                 );
             }
-            refs.push(Reference {
-                file: file.to_path_buf(),
-                line: volume.referenced.line(),
-                doc_namespace: namespace.clone(),
-                namespace: namespace.clone(),
-                volume: v.to_owned(),
-                tag: t.to_owned(),
-                digest: None,
-                doc,
-                pointer,
+            let site = Site::Csi {
                 volume_at: (volume.referenced.line(), volume.referenced.column()),
                 tag_at: (tag.referenced.line(), tag.referenced.column()),
-            });
+            };
+            let line = volume.referenced.line();
+            refs.push(reference(line, "csi", v, t, None, pointer, site));
+        }
+        // Helm values and Kustomize entries: the digest beside the volume and tag.
+        for (pointer, map, kind) in found.fields {
+            let (volume_key, tag_key) = if kind == "values" {
+                (VOLUME, TAG)
+            } else {
+                (NAME, NEW_TAG)
+            };
+            let (Some(v), Some(t), Some(d)) = (
+                map.get(volume_key).and_then(|v| v.value.str()),
+                map.get(tag_key).and_then(|t| t.value.str()),
+                map.get(DIGEST),
+            ) else {
+                continue;
+            };
+            let pinned = match &d.value {
+                Node::Str(s) if s.is_empty() => None,
+                Node::Str(s) if s.starts_with("blake3:") => Some(s.clone()),
+                Node::Other => None,
+                // A sha256 digest: a container image's entry, not ours.
+                _ => continue,
+            };
+            let at = (d.referenced.line(), d.referenced.column());
+            let digest_pointer = format!("{pointer}/{DIGEST}");
+            taken.insert(digest_pointer.clone());
+            refs.push(reference(
+                d.referenced.line(),
+                kind,
+                v,
+                t,
+                pinned,
+                digest_pointer,
+                Site::Value { at },
+            ));
+        }
+        // Values a marker comment names.
+        for (pointer, value) in found.values {
+            if taken.contains(&pointer) {
+                continue;
+            }
+            let line_no = value.referenced.line();
+            let Some(line) = usize::try_from(line_no)
+                .ok()
+                .and_then(|l| l.checked_sub(1))
+                .and_then(|i| lines.get(i))
+            else {
+                continue;
+            };
+            let Some(marker) = parse_marker(line) else {
+                continue;
+            };
+            let (volume, tag, ns) = marker.map_err(|why| {
+                anyhow::anyhow!("{}:{line_no}: a `{MARKER}` comment {why}", file.display())
+            })?;
+            let pinned = value
+                .value
+                .str()
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned);
+            let at = (line_no, value.referenced.column());
+            let mut r = reference(
+                line_no,
+                "marker",
+                &volume,
+                &tag,
+                pinned,
+                pointer,
+                Site::Value { at },
+            );
+            if ns.is_some() {
+                r.doc_namespace = ns.clone();
+                r.namespace = ns;
+            }
+            refs.push(r);
         }
     }
+    // One marked value per line: a marker names the digest of its line.
+    for pair in refs.windows(2) {
+        if pair[0].kind == "marker" && pair[1].kind == "marker" && pair[0].line == pair[1].line {
+            bail!(
+                "{}:{}: a `{MARKER}` comment on a line with two digests: put each on its own line",
+                file.display(),
+                pair[0].line
+            );
+        }
+    }
+    refs.sort_by_key(|r| (r.doc, r.line));
     Ok(refs)
 }
 
-/// Collects the `volumeAttributes` maps (with their JSON pointers) of `csi` entries of our
-/// driver in elements of a `volumes` list below `node`.
+/// The marker of `line`, if it has one: `# sealed: volume=V tag=T [namespace=N]`, as
+/// (volume, tag, namespace) or why it cannot be read.
+#[allow(clippy::type_complexity)]
+fn parse_marker(line: &str) -> Option<Result<(String, String, Option<String>), String>> {
+    let at = line.find(MARKER)?;
+    let rest = &line[at + MARKER.len()..];
+    // Up to the next comment, if another follows.
+    let rest = rest.split(" #").next().unwrap_or_default();
+    let (mut volume, mut tag, mut namespace) = (None, None, None);
+    for word in rest.split_whitespace() {
+        match word.split_once('=') {
+            Some((VOLUME, v)) => volume = Some(v.to_owned()),
+            Some((TAG, t)) => tag = Some(t.to_owned()),
+            Some(("namespace", n)) => namespace = Some(n.to_owned()),
+            _ => {
+                return Some(Err(format!(
+                    "has {word:?}: write volume=V tag=T [namespace=N]"
+                )));
+            }
+        }
+    }
+    Some(match (volume, tag) {
+        (Some(v), Some(t)) if !v.is_empty() && !t.is_empty() => Ok((v, t, namespace)),
+        _ => Err("needs volume=V and tag=T".into()),
+    })
+}
+
+/// What a walk over one document collects.
+#[derive(Default)]
+struct Found<'a> {
+    /// `volumeAttributes` of `csi` entries of our driver in `volumes` lists.
+    csi: Vec<(String, &'a Node)>,
+    /// Maps with the keys of Helm values (`values`) or Kustomize entries (`images`).
+    fields: Vec<(String, &'a Node, &'static str)>,
+    /// Values a marker could name: every `digest` entry, and every `blake3:` string.
+    values: Vec<(String, &'a Spanned<Node>)>,
+}
+
+/// Collects, with their JSON pointers, what [`Found`] holds below `node` (reached as the
+/// value of `key`).
 fn walk<'a>(
     node: &'a Node,
     pointer: String,
+    key: Option<&str>,
     in_volumes: bool,
     depth: usize,
-    found: &mut Vec<(String, &'a Node)>,
+    found: &mut Found<'a>,
 ) {
     // Manifests nest a dozen levels; the parser bounds the rest.
     if depth > 64 {
@@ -409,23 +599,47 @@ fn walk<'a>(
                 && csi.value.get("driver").and_then(|d| d.value.str()) == Some(DRIVER)
                 && let Some(attrs) = csi.value.get("volumeAttributes")
             {
-                found.push((format!("{pointer}/csi/volumeAttributes"), &attrs.value));
+                found
+                    .csi
+                    .push((format!("{pointer}/csi/volumeAttributes"), &attrs.value));
             }
-            for (key, value) in entries {
-                let Some(key) = key else { continue };
-                let child = format!("{pointer}/{}", key.replace('~', "~0").replace('/', "~1"));
-                walk(&value.value, child, key == "volumes", depth + 1, found);
+            let has = |k| node.get(k).is_some();
+            // A CSI volume's own attributes are not Helm values.
+            if key != Some("volumeAttributes") && has(DIGEST) {
+                if has(VOLUME) && has(TAG) {
+                    found.fields.push((pointer.clone(), node, "values"));
+                } else if has(NAME) && has(NEW_TAG) {
+                    found.fields.push((pointer.clone(), node, "images"));
+                }
+            }
+            for (k, value) in entries {
+                let Some(k) = k else { continue };
+                let child = format!("{pointer}/{}", k.replace('~', "~0").replace('/', "~1"));
+                let marked = match &value.value {
+                    Node::Str(s) => k == DIGEST || s.starts_with("blake3:"),
+                    Node::Other => k == DIGEST,
+                    _ => false,
+                };
+                if marked {
+                    found.values.push((child.clone(), value));
+                }
+                walk(
+                    &value.value,
+                    child,
+                    Some(k),
+                    k == "volumes",
+                    depth + 1,
+                    found,
+                );
             }
         }
         Node::Seq(items) => {
             for (i, item) in items.iter().enumerate() {
-                walk(
-                    &item.value,
-                    format!("{pointer}/{i}"),
-                    in_volumes,
-                    depth + 1,
-                    found,
-                );
+                let child = format!("{pointer}/{i}");
+                if item.value.str().is_some_and(|s| s.starts_with("blake3:")) {
+                    found.values.push((child.clone(), item));
+                }
+                walk(&item.value, child, None, in_volumes, depth + 1, found);
             }
         }
         Node::Str(_) | Node::Other => {}
@@ -506,37 +720,56 @@ fn tag_digest(volume: Option<&SealedVolume>, tag: &str) -> Result<String, String
 struct Edit<'a> {
     line: u64,
     column: u64,
-    key: &'static str,
-    /// `Some(text)` replaces the entry by `text`; `None` removes it.
+    /// The entry's key, checked before the value (`None`: the value alone is replaced).
+    key: Option<&'static str>,
+    /// `Some(text)` replaces the entry (or value) by `text`; `None` removes the entry.
     with: Option<&'a str>,
+    /// A comment to put at the end of the line.
+    comment: Option<&'a str>,
 }
 
-/// `text` with each reference's `volume: V` entry replaced by `digest: "D"` and its `tag: T`
-/// entry removed, checked by parsing both: anything else that changed is an error.
+/// `text` with each reference pinned: a CSI reference's `volume: V` entry replaced by
+/// `digest: "D"` with the marker comment and its `tag: T` entry removed; a digest value
+/// replaced by `"D"`. Checked by parsing both: anything else that changed is an error.
 fn rewrite(text: &str, refs: &[&Reference]) -> anyhow::Result<String> {
-    let digests: Vec<String> = refs
+    let digests: Vec<(String, String, String)> = refs
         .iter()
         .map(|r| {
-            r.digest
-                .as_ref()
-                .map(|d| format!("{DIGEST}: \"{d}\""))
-                .context("a reference without a digest")
+            let d = r.digest.as_ref().context("a reference without a digest")?;
+            Ok((
+                format!("{DIGEST}: \"{d}\""),
+                format!("\"{d}\""),
+                format!("{MARKER} {VOLUME}={} {TAG}={}", r.volume, r.tag),
+            ))
         })
         .collect::<anyhow::Result<_>>()?;
     let mut edits = Vec::new();
-    for (r, replacement) in refs.iter().zip(&digests) {
-        edits.push(Edit {
-            line: r.volume_at.0,
-            column: r.volume_at.1,
-            key: VOLUME,
-            with: Some(replacement),
-        });
-        edits.push(Edit {
-            line: r.tag_at.0,
-            column: r.tag_at.1,
-            key: TAG,
-            with: None,
-        });
+    for (r, (entry, value, marker)) in refs.iter().zip(&digests) {
+        match &r.site {
+            Site::Csi { volume_at, tag_at } => {
+                edits.push(Edit {
+                    line: volume_at.0,
+                    column: volume_at.1,
+                    key: Some(VOLUME),
+                    with: Some(entry),
+                    comment: Some(marker),
+                });
+                edits.push(Edit {
+                    line: tag_at.0,
+                    column: tag_at.1,
+                    key: Some(TAG),
+                    with: None,
+                    comment: None,
+                });
+            }
+            Site::Value { at } => edits.push(Edit {
+                line: at.0,
+                column: at.1,
+                key: None,
+                with: Some(value),
+                comment: None,
+            }),
+        }
     }
     // From the end, so earlier positions stay where the parser saw them.
     edits.sort_by_key(|e| std::cmp::Reverse((e.line, e.column)));
@@ -566,15 +799,25 @@ fn apply(line: &str, edit: &Edit) -> anyhow::Result<Option<String>> {
     let value = usize::try_from(edit.column)
         .ok()
         .and_then(|c| c.checked_sub(1))
-        .filter(|&v| v < chars.len())
+        .filter(|&v| v <= chars.len())
         .with_context(|| format!("{}: no value at column {}", at(), edit.column))?;
     let end = value_end(&chars, value).with_context(|| format!("{}: an unclosed quote", at()))?;
-    let start = key_start(&chars, value, edit.key)
-        .with_context(|| format!("{}: no `{}:` before the value", at(), edit.key))?;
+    let start = match edit.key {
+        Some(key) => key_start(&chars, value, key)
+            .with_context(|| format!("{}: no `{key}:` before the value", at()))?,
+        None => value,
+    };
     let before: String = chars[..start].iter().collect();
     let after: String = chars[end..].iter().collect();
     if let Some(with) = edit.with {
-        return Ok(Some(format!("{before}{with}{after}")));
+        let mut new = format!("{before}{with}{after}");
+        if let Some(comment) = edit.comment {
+            let body = new.trim_end_matches(['\n', '\r']).len();
+            let ending = new[body..].to_owned();
+            new.truncate(body);
+            new = format!("{}  {comment}{ending}", new.trim_end());
+        }
+        return Ok(Some(new));
     }
     let rest = after.trim();
     if before.trim().is_empty() && (rest.is_empty() || rest.starts_with('#')) {
@@ -587,7 +830,11 @@ fn apply(line: &str, edit: &Edit) -> anyhow::Result<Option<String>> {
     if let Some(head) = before.trim_end().strip_suffix(',') {
         return Ok(Some(format!("{head}{after}")));
     }
-    bail!("{}: cannot tell how to remove `{}`", at(), edit.key)
+    bail!(
+        "{}: cannot tell how to remove `{}`",
+        at(),
+        edit.key.unwrap_or("the entry")
+    )
 }
 
 /// Where the scalar starting at `start` ends (exclusive).
@@ -668,22 +915,28 @@ fn key_start(chars: &[char], value: usize, key: &str) -> Option<usize> {
     Some(start)
 }
 
-/// `new` must parse to `old` with, at each reference, `volume` and `tag` replaced by
-/// `digest`, and nothing else changed.
+/// `new` must parse to `old` with each reference pinned (a CSI reference's `volume` and
+/// `tag` replaced by `digest`, a digest value replaced) and nothing else changed.
 fn verify(old: &str, new: &str, refs: &[&Reference]) -> anyhow::Result<()> {
     let parse = |t: &str| -> anyhow::Result<Vec<serde_json::Value>> {
         serde_saphyr::from_multiple(t).map_err(|e| anyhow::anyhow!("{e}"))
     };
     let mut expected = parse(old)?;
     for r in refs {
-        let attrs = expected
+        let node = expected
             .get_mut(r.doc)
             .and_then(|d| d.pointer_mut(&r.pointer))
-            .and_then(|a| a.as_object_mut())
             .context("the reference moved")?;
-        attrs.remove(VOLUME);
-        attrs.remove(TAG);
-        attrs.insert(DIGEST.into(), r.digest.clone().unwrap_or_default().into());
+        let digest = r.digest.clone().unwrap_or_default();
+        match r.site {
+            Site::Csi { .. } => {
+                let attrs = node.as_object_mut().context("the reference moved")?;
+                attrs.remove(VOLUME);
+                attrs.remove(TAG);
+                attrs.insert(DIGEST.into(), digest.into());
+            }
+            Site::Value { .. } => *node = digest.into(),
+        }
     }
     let got = parse(new).context("the edited text is not YAML")?;
     if got != expected {
@@ -760,14 +1013,21 @@ spec:
         let new = pin(DEPLOYMENT).unwrap();
         let expected = DEPLOYMENT.replace(
             "            volume: llama   # which volume\n            tag: \"prod\"\n",
-            &format!("            digest: \"{D}\"   # which volume\n"),
+            &format!(
+                "            digest: \"{D}\"   # which volume  # sealed: volume=llama tag=prod\n"
+            ),
         );
         assert_eq!(new, expected);
-        assert!(
-            find_references(Path::new("m.yaml"), &new)
-                .unwrap()
-                .is_empty()
+        // Pinned, with the marker to re-pin from.
+        let again = find_references(Path::new("m.yaml"), &new).unwrap();
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].kind, "marker");
+        assert_eq!(
+            (again[0].volume.as_str(), again[0].tag.as_str()),
+            ("llama", "prod")
         );
+        assert_eq!(again[0].pinned.as_deref(), Some(D));
+        assert_eq!(again[0].line, 19);
     }
 
     #[test]
@@ -783,13 +1043,20 @@ spec:
         assert_eq!(refs[1].line, 24, "lines count across documents");
         let new = pin(&text).unwrap();
         assert!(
-            new.contains(&format!("volumeAttributes: {{digest: \"{D}\"}}}}\n")),
+            new.contains(&format!(
+                "volumeAttributes: {{digest: \"{D}\"}}}}  # sealed: volume=llama tag=prod\n"
+            )),
             "{new}"
         );
         assert!(
-            new.contains(&format!("volumeAttributes: {{ digest: \"{D}\" }}\n")),
+            new.contains(&format!(
+                "volumeAttributes: {{ digest: \"{D}\" }}  # sealed: volume=llama tag=canary\n"
+            )),
             "{new}"
         );
+        let again = find_references(Path::new("m.yaml"), &new).unwrap();
+        assert_eq!(again.len(), 2);
+        assert!(again.iter().all(|r| !r.floats()));
         assert!(new.contains("# second\n"));
     }
 
@@ -802,7 +1069,8 @@ spec:
         assert!(
             find_references(Path::new("m.yaml"), &pinned)
                 .unwrap()
-                .is_empty()
+                .is_empty(),
+            "a digest without a marker is no reference"
         );
         // Outside a `volumes` list (a ConfigMap's data, say) nothing is a reference.
         let text = format!(
@@ -894,6 +1162,89 @@ spec:
             tag_digest(Some(&v), "prod")
                 .unwrap_err()
                 .contains("caught up")
+        );
+    }
+
+    /// Pins `refs` of `text` to `to`, as `run` does (only references that change).
+    fn repin(text: &str, to: &str) -> String {
+        let mut refs = find_references(Path::new("m.yaml"), text).unwrap();
+        for r in &mut refs {
+            r.digest = Some(to.into());
+        }
+        let refs: Vec<&Reference> = refs.iter().filter(|r| r.changes()).collect();
+        rewrite(text, &refs).unwrap()
+    }
+
+    const E: &str = "blake3:1111111111111111111111111111111111111111111111111111111111111111";
+
+    #[test]
+    fn markers_re_pin_after_the_tag_moved() {
+        let pinned = pin(DEPLOYMENT).unwrap();
+        let moved = repin(&pinned, E);
+        assert_eq!(moved, pinned.replace(D, E), "only the digest changes");
+        // The marker may name the namespace; one in another form is an error naming the line.
+        let text =
+            format!("env:\n- name: W\n  value: {D} # sealed: volume=llama tag=prod namespace=ml\n");
+        let refs = find_references(Path::new("m.yaml"), &text).unwrap();
+        assert_eq!(refs[0].doc_namespace.as_deref(), Some("ml"));
+        assert_eq!(repin(&text, E), text.replace(D, &format!("\"{E}\"")));
+        let bad = format!("digest: {D} # sealed: volume=llama\n");
+        let e = find_references(Path::new("v.yaml"), &bad).unwrap_err();
+        assert!(format!("{e:#}").contains("v.yaml:1"), "{e:#}");
+    }
+
+    #[test]
+    fn helm_values_at_any_depth() {
+        let text = format!(
+            "# values.yaml\nserver:\n  model:\n    volume: llama   # the SealedVolume\n    tag: prod\n    digest: \"\"  # pinned by sealed pin\n  replicas: 2\nsidecar:\n  weights: {{volume: lora, tag: canary, digest: {D}}}\n"
+        );
+        let refs = find_references(Path::new("values.yaml"), &text).unwrap();
+        assert_eq!(refs.len(), 2, "{refs:?}");
+        assert_eq!(refs[0].kind, "values");
+        assert!(refs[0].floats(), "an empty digest floats");
+        assert_eq!(refs[0].line, 6);
+        assert_eq!(
+            (refs[1].volume.as_str(), refs[1].tag.as_str()),
+            ("lora", "canary")
+        );
+        assert!(!refs[1].floats());
+        let new = repin(&text, E);
+        assert!(
+            new.contains(&format!("    digest: \"{E}\"  # pinned by sealed pin\n")),
+            "{new}"
+        );
+        assert!(
+            new.contains(&format!("{{volume: lora, tag: canary, digest: \"{E}\"}}")),
+            "{new}"
+        );
+        assert!(new.contains("    volume: llama   # the SealedVolume\n    tag: prod\n"));
+        // A null digest floats and is pinned too.
+        let null = "model:\n  volume: llama\n  tag: prod\n  digest: ~\n";
+        let refs = find_references(Path::new("values.yaml"), null).unwrap();
+        assert!(refs[0].floats());
+        assert_eq!(
+            repin(null, E),
+            format!("model:\n  volume: llama\n  tag: prod\n  digest: \"{E}\"\n")
+        );
+    }
+
+    #[test]
+    fn kustomize_images_style_entries_and_not_images() {
+        let text = format!(
+            "images:\n- name: nginx\n  newTag: \"1.27\"\n  digest: sha256:{}\nsealedVolumes:\n- name: llama\n  newTag: prod\n  digest: {D}\n",
+            "ab".repeat(32)
+        );
+        let refs = find_references(Path::new("kustomization.yaml"), &text).unwrap();
+        assert_eq!(refs.len(), 1, "the sha256 entry is an image's: {refs:?}");
+        assert_eq!(refs[0].kind, "images");
+        assert_eq!(
+            (refs[0].volume.as_str(), refs[0].tag.as_str()),
+            ("llama", "prod")
+        );
+        let new = repin(&text, E);
+        assert_eq!(
+            new,
+            text.replace(&format!("digest: {D}"), &format!("digest: \"{E}\""))
         );
     }
 }

@@ -2,11 +2,15 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use anyhow::Context as _;
 use clap::Args;
+use futures::StreamExt;
+use sealed_store::Digest;
 use sealed_store::push::{PushOptions, StatCachePolicy, push};
-use sealed_store::scan::{FollowSymlinks, PathFilter};
 use sealed_store::stat_cache::StatCacheConfig;
+use sealed_store::store::validate_volume_name;
 
+use crate::commands::local::{ScanArgs, seal_locally};
 use crate::context::Context;
 use crate::output::{Bars, bytes, print_json};
 
@@ -17,46 +21,31 @@ pub struct PushArgs {
     /// Record the version under this volume (NAME or NAMESPACE/NAME)
     #[arg(long)]
     pub volume: Option<String>,
-    /// Threads for chunking and hashing (default: every core)
-    #[arg(long)]
-    pub threads: Option<usize>,
     /// Uploads in flight at once
     #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
-    /// Seal what symlinks point to instead of the links (a `huggingface-cli download`
-    /// snapshot: links into its blobs/ directory, which is allowed); a link that dangles,
-    /// loops or leaves the allowed roots is refused
+    #[command(flatten)]
+    pub scan: ScanArgs,
+    /// Hash the directory and report its digest and what a push would upload (new chunks
+    /// and bytes), writing nothing to the store or the stat cache
     #[arg(long)]
-    pub follow_symlinks: bool,
-    /// With --follow-symlinks, also allow targets under DIR (repeatable)
-    #[arg(long, value_name = "DIR", requires = "follow_symlinks")]
-    pub allow_root: Vec<PathBuf>,
-    /// Seal only paths matching GLOB (repeatable; `*` crosses `/`, as the operator's
-    /// Hugging Face sync matches)
-    #[arg(long, value_name = "GLOB")]
-    pub include: Vec<String>,
-    /// Leave out paths matching GLOB (repeatable)
-    #[arg(long, value_name = "GLOB")]
-    pub exclude: Vec<String>,
-    /// Read and hash every file, even those the stat cache says are unchanged (the cache
-    /// under ~/.cache/sealed/stat is rewritten)
-    #[arg(long)]
-    pub rehash: bool,
+    pub dry_run: bool,
 }
 
 pub async fn run(ctx: &Context, args: PushArgs) -> anyhow::Result<ExitCode> {
-    let filter = PathFilter::new(&args.include, &args.exclude)?;
+    if args.dry_run {
+        return dry_run(ctx, args).await;
+    }
+    let filter = args.scan.filter()?;
     // A push may create a file:// store, as the default one is created.
     let store = ctx.open_store_for_push().await?;
     let opts = PushOptions {
-        threads: args.threads,
+        threads: args.scan.threads,
         concurrency: args.concurrency,
         volume: args.volume,
-        follow_symlinks: args.follow_symlinks.then_some(FollowSymlinks {
-            roots: args.allow_root,
-        }),
+        follow_symlinks: args.scan.follow(),
         filter,
-        stat_cache: stat_cache_policy(args.rehash),
+        stat_cache: stat_cache_policy(args.scan.rehash),
         ..Default::default()
     };
     let bars = Arc::new(Bars::new(ctx.progress));
@@ -77,6 +66,89 @@ pub async fn run(ctx: &Context, args: PushArgs) -> anyhow::Result<ExitCode> {
             report.files_cached,
         );
         // The digest alone on stdout, so `d=$(sealed push ./model)` works.
+        println!("{}", report.digest);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What `push --dry-run` reports: the digest a push would print and what it would upload.
+#[derive(serde::Serialize)]
+struct DryRun {
+    dry_run: bool,
+    digest: Digest,
+    files: u64,
+    /// Bytes of file content in the version.
+    bytes: u64,
+    unique_chunks: u64,
+    /// Distinct chunks the store lacks, and their bytes: what the push would upload.
+    chunks_to_upload: u64,
+    bytes_to_upload: u64,
+    /// The store already has this very version (a push would only record the volume).
+    already_in_store: bool,
+    volume: Option<String>,
+    /// Bytes of local files read and hashed (the rest came from the stat cache).
+    bytes_read: u64,
+}
+
+/// `--dry-run`: seal in memory, then ask the store (reads only) which chunks it lacks.
+async fn dry_run(ctx: &Context, args: PushArgs) -> anyhow::Result<ExitCode> {
+    if let Some(v) = &args.volume {
+        validate_volume_name(v)?;
+    }
+    let store = ctx.open_store().await?;
+    let bars = Arc::new(Bars::new(ctx.progress));
+    let local = seal_locally(&args.dir, store.name(), &args.scan, bars).await?;
+    let (_, digest) = local.manifest.seal()?;
+    let already_in_store = store.has_manifest(&digest).await?;
+    let unique = local.manifest.unique_chunks();
+    let (mut chunks_to_upload, mut bytes_to_upload) = (0u64, 0u64);
+    // A sealed manifest is written only after every chunk it names: nothing to upload.
+    if !already_in_store {
+        let mut checks = futures::stream::iter(unique.iter().copied())
+            .map(|c| {
+                let store = &store;
+                async move { store.has_chunk(&c.digest).await.map(|has| (c, has)) }
+            })
+            .buffer_unordered(args.concurrency.max(1));
+        while let Some(checked) = checks.next().await {
+            let (c, has) = checked?;
+            if !has {
+                chunks_to_upload += 1;
+                bytes_to_upload = bytes_to_upload
+                    .checked_add(u64::from(c.len))
+                    .context("more bytes than a u64 counts")?;
+            }
+        }
+    }
+    let report = DryRun {
+        dry_run: true,
+        digest,
+        files: local.manifest.files().count() as u64,
+        bytes: local.manifest.total_size(),
+        unique_chunks: unique.len() as u64,
+        chunks_to_upload,
+        bytes_to_upload,
+        already_in_store,
+        volume: args.volume,
+        bytes_read: local.bytes_read,
+    };
+    if ctx.json() {
+        print_json(&report)?;
+    } else {
+        eprintln!(
+            "dry run, nothing written: {} files, {} in {} distinct chunks; a push would upload \
+             {} ({} chunks){}",
+            report.files,
+            bytes(report.bytes),
+            report.unique_chunks,
+            bytes(report.bytes_to_upload),
+            report.chunks_to_upload,
+            if report.already_in_store {
+                "; the store already has this version"
+            } else {
+                ""
+            },
+        );
         println!("{}", report.digest);
     }
     Ok(ExitCode::SUCCESS)
