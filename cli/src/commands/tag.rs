@@ -47,6 +47,9 @@ pub struct TagArgs {
     pub kube: crate::kube_args::KubeArgs,
 }
 
+/// Patches tried before a volume that keeps changing is reported.
+const CONFLICT_ATTEMPTS: u32 = 8;
+
 #[derive(serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 struct TagResult {
@@ -81,21 +84,33 @@ pub async fn run(ctx: &crate::context::Context, args: TagArgs) -> anyhow::Result
     }
     let full = format!("{namespace}/{name}");
     let volumes: Api<SealedVolume> = Api::namespaced(client.clone(), namespace);
-    let volume = volumes
-        .get_opt(name)
-        .await
-        .with_context(|| format!("cannot read SealedVolume {full}"))?
-        .ok_or_else(|| NotFoundError(format!("SealedVolume {full} not found")))?;
-    let previous = volume.spec.tags.get(&args.tag).cloned();
-
     let digest = match &args.digest {
         Some(arg) => Some(version_digest(&client, namespace, name, arg).await?),
         None => None,
     };
-    if args.rm && previous.is_none() {
-        return Err(NotFoundError(format!("SealedVolume {full} has no tag {:?}", args.tag)).into());
-    }
-    if previous != digest {
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    // The operator writes the volume's status (a new resourceVersion) as tags move: a patch
+    // conditional on the one read is tried again on a conflict, reading and checking anew.
+    let mut attempt = 0u32;
+    let previous = loop {
+        attempt += 1;
+        let volume = volumes
+            .get_opt(name)
+            .await
+            .with_context(|| format!("cannot read SealedVolume {full}"))?
+            .ok_or_else(|| NotFoundError(format!("SealedVolume {full} not found")))?;
+        let previous = volume.spec.tags.get(&args.tag).cloned();
+        if args.rm && previous.is_none() {
+            return Err(
+                NotFoundError(format!("SealedVolume {full} has no tag {:?}", args.tag)).into(),
+            );
+        }
+        if previous == digest {
+            break previous;
+        }
         let owners = tag_managers(&volume, &args.tag);
         if !owners.is_empty() && !args.force {
             bail!(
@@ -110,20 +125,20 @@ pub async fn run(ctx: &crate::context::Context, args: TagArgs) -> anyhow::Result
             "metadata": { "resourceVersion": volume.resource_version() },
             "spec": { "tags": { args.tag.as_str(): digest } },
         });
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
         match volumes.patch(name, &params, &Patch::Merge(&patch)).await {
-            Ok(_) => {}
+            Ok(_) => break previous,
+            Err(kube::Error::Api(e)) if e.code == 409 && attempt < CONFLICT_ATTEMPTS => {
+                tokio::time::sleep(std::time::Duration::from_millis(100 * u64::from(attempt)))
+                    .await;
+            }
             Err(kube::Error::Api(e)) if e.code == 409 => {
-                bail!("SealedVolume {full} changed while its tag was set; run again")
+                bail!("SealedVolume {full} kept changing while its tag was set; run again")
             }
             Err(e) => {
                 return Err(e).with_context(|| format!("cannot update SealedVolume {full}"));
             }
         }
-    }
+    };
     let result = TagResult {
         volume: full,
         tag: args.tag,
