@@ -5,8 +5,10 @@
 //!   controller reference; deleting the volume still deletes and trashes both, for the
 //!   volume's own `spec.retention` (not the 168h default);
 //! - `sealed sync` does not overwrite a source another field manager owns without `--force`;
-//! - `sealed pin` rewrites volume + tag references in manifests to digests, `--check` fails
-//!   while one floats, and a tag that does not resolve changes no file.
+//! - `sealed pin` rewrites volume + tag references in manifests (and Helm values) to digests,
+//!   `--check` fails while one floats, and a tag that does not resolve changes no file; after
+//!   `sealed tag` moved the tag (refused on a tag Git owns without `--force`), `sealed pin`
+//!   re-pins from the markers it left, and `--check` passes until a floating reference comes.
 //!
 //! Skipped (with a notice) unless `SEALED_E2E_CLUSTER=1`. The CLI tests need the `sealed`
 //! binary built (`cargo build -p sealed-cli`).
@@ -496,6 +498,9 @@ const POD: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata: {
     apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  volumes:\n  - name: w\n    csi: \
     {driver: csi.sealedvolumes.io, volumeAttributes: {volume: llama, tag: prod}}\n";
 
+/// Helm values: a digest beside the volume and tag keys, at any depth.
+const VALUES: &str = "# the chart's values\nserver:\n  model:\n    volume: llama\n    tag: prod\n    digest: \"\"  # sealed pin writes it\n";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sealed_pin_rewrites_tags_to_digests_and_check_fails_while_one_floats() {
     let Some(fx) = Fixture::start(
@@ -531,8 +536,10 @@ async fn sealed_pin_rewrites_tags_to_digests_and_check_fails_while_one_floats() 
     let repo = work.path().join("repo");
     let deploy = repo.join("apps/server.yaml");
     let pod = repo.join("pod.yml");
+    let values = repo.join("chart/values.yaml");
     write(&deploy, &deployment(&fx.ns, "prod"));
     write(&pod, POD);
+    write(&values, VALUES);
     // A Helm template is not YAML: skipped with a warning, never rewritten.
     let template = repo.join("chart/templates/x.yaml");
     write(&template, "a: {{ .Values.x }\n");
@@ -576,30 +583,162 @@ async fn sealed_pin_rewrites_tags_to_digests_and_check_fails_while_one_floats() 
         String::from_utf8_lossy(&out.stderr)
     );
     let pinned = read(&deploy);
-    assert_eq!(
-        pinned,
+    let pinned_to = |d: &Digest| {
         deployment(&fx.ns, "prod").replace(
             "            volume: llama  # the model\n            tag: prod\n",
-            &format!("            digest: \"{a}\"  # the model\n"),
+            &format!("            digest: \"{d}\"  # the model  # sealed: volume=llama tag=prod\n"),
         )
-    );
-    assert_eq!(
-        read(&pod),
+    };
+    assert_eq!(pinned, pinned_to(&a));
+    let pod_pinned_to = |d: &Digest| {
         POD.replace(
-            "volumeAttributes: {volume: llama, tag: prod}",
-            &format!("volumeAttributes: {{digest: \"{a}\"}}")
+            "volumeAttributes: {volume: llama, tag: prod}}",
+            &format!("volumeAttributes: {{digest: \"{d}\"}}}}  # sealed: volume=llama tag=prod"),
         )
+    };
+    assert_eq!(read(&pod), pod_pinned_to(&a));
+    assert_eq!(
+        read(&values),
+        VALUES.replace("digest: \"\"", &format!("digest: \"{a}\""))
     );
     assert_eq!(read(&template), "a: {{ .Values.x }\n");
 
     // Now nothing floats.
-    let out = fx
-        .sealed(&["pin", "--check", repo.to_str().expect("utf-8")])
-        .await;
+    let check = |path: std::path::PathBuf| {
+        let fx = &fx;
+        async move {
+            fx.sealed(&["pin", "--check", path.to_str().expect("utf-8")])
+                .await
+        }
+    };
+    let out = check(repo.clone()).await;
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stdout)
+    );
+
+    // The tag moves with `sealed tag`: Git (argocd-controller) owns it, so not without --force.
+    write_tree(&work.path().join("b"), 4);
+    let b = fx.push(&work.path().join("b"), "llama").await;
+    let b_short = &b.to_string()[..15];
+    let out = wait_for("version b imported (sealed tag accepts it)", || async {
+        let out = fx
+            .sealed(&["tag", "llama", "prod", b_short, "-n", &ns])
+            .await;
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (!stderr.contains("no version")).then_some(out)
+    })
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("argocd-controller") && stderr.contains("--force"),
+        "{stderr}"
+    );
+    assert_eq!(
+        fx.volumes().get("llama").await.expect("volume").spec.tags["prod"],
+        a.to_string()
+    );
+    let out = fx
+        .sealed(&[
+            "tag", "llama", "prod", b_short, "-n", &ns, "--force", "-o", "json",
+        ])
+        .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let moved: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(moved["digest"], b.to_string());
+    assert_eq!(moved["previous"], a.to_string());
+    // A digest that is no version of the volume is refused (not found), the tag unchanged.
+    let stranger = Digest::of(b"no such version");
+    let out = fx
+        .sealed(&["tag", "llama", "prod", &stranger.to_string(), "-n", &ns])
+        .await;
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A new tag, then --rm; removing it again is not found.
+    let out = fx
+        .sealed(&["tag", &format!("{ns}/llama"), "canary", &a.to_string()])
+        .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        fx.volumes().get("llama").await.expect("volume").spec.tags["canary"],
+        a.to_string()
+    );
+    let out = fx
+        .sealed(&["tag", "--rm", "llama", "canary", "-n", &ns])
+        .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tags = fx.volumes().get("llama").await.expect("volume").spec.tags;
+    assert!(
+        !tags.contains_key("canary") && tags["prod"] == b.to_string(),
+        "{tags:?}"
+    );
+    let out = fx
+        .sealed(&["tag", "--rm", "llama", "canary", "-n", &ns])
+        .await;
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Re-pin from the markers once the operator resolved the moved tag.
+    wait_for("tag prod resolved to b", || async {
+        let v = fx.volumes().get("llama").await.ok()?;
+        let status = v.status?;
+        (status.observed_generation == v.metadata.generation
+            && status.tags.get("prod")?.digest == b.to_string()
+            && status.tags.get("prod")?.version.is_some())
+        .then_some(())
+    })
+    .await;
+    let out = fx
+        .sealed(&["pin", repo.to_str().expect("utf-8"), "-n", &ns])
+        .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(read(&deploy), pinned_to(&b));
+    assert_eq!(read(&pod), pod_pinned_to(&b));
+    assert_eq!(
+        read(&values),
+        VALUES.replace("digest: \"\"", &format!("digest: \"{b}\""))
+    );
+    let out = check(repo.clone()).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    // A floating reference fails --check, naming its file and line.
+    write(&repo.join("apps/new.yaml"), &deployment(&fx.ns, "prod"));
+    let out = check(repo.clone()).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("apps/new.yaml:19:") && !stdout.contains("server.yaml"),
+        "{stdout}"
     );
     fx.stop().await;
 }

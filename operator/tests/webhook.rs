@@ -14,7 +14,12 @@
 //!   excluded nodes and scheduled;
 //! - the webhook down: a pod by tag is refused (and the Deployment makes no pod), a pod by
 //!   digest is admitted; back up with the same certificate (not made again), the Deployment
-//!   gets its pods, with its revision's digest.
+//!   gets its pods, with its revision's digest;
+//! - a StatefulSet and a Job by tag: the tag moves, the StatefulSet scales and a pod of each is
+//!   deleted: every pod keeps its revision's digest; a StatefulSet following its tag gets a new
+//!   revision with the new digest when the tag moves, and its first revision back when the tag
+//!   moves back (its pods replaced by deletion: `OnDelete`, since no pod becomes Ready here and
+//!   a RollingUpdate StatefulSet waits for Ready pods).
 //!
 //! What is asserted is each admitted pod's volume attributes, not bytes read through it: no
 //! node plugin runs here (pods stay in ContainerCreating), and the plugin mounts exactly the
@@ -27,7 +32,8 @@ use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -210,6 +216,32 @@ impl Bed {
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .filter(|p| p.owner_references().iter().any(|o| o.name == rs))
             .collect()
+    }
+
+    /// The live pods whose controller is `kind` `name`.
+    async fn pods_owned(&self, kind: &str, name: &str) -> Vec<Pod> {
+        self.pods()
+            .list(&ListParams::default())
+            .await
+            .expect("pods")
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| {
+                p.owner_references()
+                    .iter()
+                    .any(|o| o.kind == kind && o.name == name)
+            })
+            .collect()
+    }
+
+    async fn wait_owned(&self, kind: &str, name: &str, n: usize) -> Vec<Pod> {
+        wait_for(&format!("{n} pods of {kind} {name}"), TIMEOUT, || async {
+            Ok(self.pods_owned(kind, name).await.len() == n)
+        })
+        .await
+        .expect("pods");
+        self.pods_owned(kind, name).await
     }
 
     async fn replica_sets(&self) -> Vec<ReplicaSet> {
@@ -596,5 +628,162 @@ async fn one_digest_per_revision_placement_and_the_webhook_down() {
     assert_digest(&bed.pods_of(&old_rs).await, &digest(1));
 
     again.abort();
+    bed.stop().await;
+}
+
+fn stateful_set(name: &str, replicas: i32, follow: bool) -> StatefulSet {
+    let annotations = if follow {
+        serde_json::json!({FOLLOW_ANNOTATION: "true"})
+    } else {
+        serde_json::json!({})
+    };
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": name,
+            // Pods never become Ready here (no node plugin): Parallel creates them all, and
+            // OnDelete replaces a pod of an older revision when it is deleted.
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "OnDelete"},
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}},
+                         "spec": pod_spec(serde_json::json!({"volume": "llama", "tag": "prod"}))},
+        },
+    }))
+    .expect("statefulset")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stateful_sets_and_jobs_keep_one_digest_per_revision_and_follow_their_tag() {
+    let Some((bed, webhook)) = Bed::start("webhook_statefulset_job").await else {
+        return;
+    };
+    bed.volume().await;
+    let sets = Api::<StatefulSet>::namespaced(bed.client.clone(), &bed.ns);
+    sets.create(&PostParams::default(), &stateful_set("db", 2, false))
+        .await
+        .expect("create statefulset");
+    let mut spec = pod_spec(serde_json::json!({"volume": "llama", "tag": "prod"}));
+    spec["restartPolicy"] = "Never".into();
+    let job: Job = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "train"},
+        "spec": {"parallelism": 2, "completions": 8, "backoffLimit": 100,
+                 "template": {"spec": spec}},
+    }))
+    .expect("job");
+    let jobs = Api::<Job>::namespaced(bed.client.clone(), &bed.ns);
+    jobs.create(&PostParams::default(), &job)
+        .await
+        .expect("create job");
+    let db = bed.wait_owned("StatefulSet", "db", 2).await;
+    assert_digest(&db, &digest(1));
+    let train = bed.wait_owned("Job", "train", 2).await;
+    assert_digest(&train, &digest(1));
+
+    // The tag moves; the StatefulSet scales to 3, a pod of each is deleted: same digest.
+    bed.move_tag(2).await;
+    sets.patch(
+        "db",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"replicas": 3}})),
+    )
+    .await
+    .expect("scale");
+    jobs.patch(
+        "train",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"parallelism": 3}})),
+    )
+    .await
+    .expect("job parallelism");
+    for pod in [&db[0], &train[0]] {
+        bed.pods()
+            .delete(&pod.name_any(), &DeleteParams::default())
+            .await
+            .expect("delete a pod");
+    }
+    wait_for("db-0 replaced", TIMEOUT, || async {
+        Ok(bed
+            .pods_owned("StatefulSet", "db")
+            .await
+            .iter()
+            .any(|p| p.name_any() == db[0].name_any() && p.uid() != db[0].uid()))
+    })
+    .await
+    .expect("db-0 again");
+    assert_digest(&bed.wait_owned("StatefulSet", "db", 3).await, &digest(1));
+    assert_digest(&bed.wait_owned("Job", "train", 3).await, &digest(1));
+
+    // A StatefulSet following its tag: created while prod names 2, it moves to 1: a new
+    // revision with 1; moved back to 2: its first revision again, with 2.
+    // Created first: the follower looks at a namespace's workloads when it starts and when a
+    // volume changes.
+    sets.create(&PostParams::default(), &stateful_set("fdb", 1, true))
+        .await
+        .expect("following statefulset");
+    let follower = tokio::spawn(follow::run(bed.client.clone()));
+    let revision = |n: u8| {
+        let (sets, want) = (sets.clone(), digest(n));
+        async move {
+            let rev = std::sync::Mutex::new(None);
+            wait_for(&format!("StatefulSet fdb on {want}"), TIMEOUT, || async {
+                let s = sets.get("fdb").await?;
+                let pinned = s
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.template.metadata.as_ref())
+                    .and_then(|m| m.annotations.as_ref())
+                    .and_then(|a| a.get(TEMPLATE_DIGESTS).cloned())
+                    .unwrap_or_default();
+                let status = s.status.unwrap_or_default();
+                *rev.lock().expect("lock") = status.update_revision.clone();
+                Ok(pinned.contains(&want) && status.observed_generation == s.metadata.generation)
+            })
+            .await
+            .expect("template");
+            rev.into_inner().expect("lock").expect("update revision")
+        }
+    };
+    // The pod of the StatefulSet's current update revision, after deleting any other.
+    let pod_of = |rev: String| {
+        let bed = &bed;
+        async move {
+            let found = std::sync::Mutex::new(None);
+            wait_for(&format!("fdb-0 of revision {rev}"), TIMEOUT, || async {
+                let pods = bed.pods_owned("StatefulSet", "fdb").await;
+                for p in &pods {
+                    if p.labels().get("controller-revision-hash") == Some(&rev) {
+                        *found.lock().expect("lock") = Some(p.clone());
+                        return Ok(true);
+                    }
+                    let _ = bed
+                        .pods()
+                        .delete(&p.name_any(), &DeleteParams::default())
+                        .await;
+                }
+                Ok(false)
+            })
+            .await
+            .expect("pod of the revision");
+            found.into_inner().expect("lock").expect("pod")
+        }
+    };
+    let first = revision(2).await;
+    assert_digest(&[pod_of(first.clone()).await], &digest(2));
+    bed.move_tag(1).await;
+    let second = revision(1).await;
+    assert_ne!(first, second, "no new revision after the tag moved");
+    assert_digest(&[pod_of(second).await], &digest(1));
+    bed.move_tag(2).await;
+    let back = revision(2).await;
+    assert_eq!(
+        back, first,
+        "moving the tag back did not go back to the first revision"
+    );
+    assert_digest(&[pod_of(back).await], &digest(2));
+    follower.abort();
+
+    webhook.abort();
     bed.stop().await;
 }
