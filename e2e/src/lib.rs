@@ -5,6 +5,8 @@
 //! running one through its admin kubeconfig) and panics with the script's output if that
 //! fails, so CI fails loudly instead of passing without testing anything.
 
+pub mod fleet;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
