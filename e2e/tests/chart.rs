@@ -1,5 +1,5 @@
 //! Checks of the Helm chart `charts/sealed-volumes`, without a cluster: its CRDs are the
-//! generated ones, `helm lint` passes, and `helm template` renders what the design asks for
+//! generated ones and render as templates with the keep policy, `helm lint` passes, and `helm template` renders what the design asks for
 //! (GPU exclusion, CSIDriver fields, least-privilege RBAC, one privileged container) and
 //! refuses bad values with a message naming the field.
 //!
@@ -37,28 +37,28 @@ fn chart() -> PathBuf {
 }
 
 // ---------------------------------------------------------------------------------------
-// CRDs: the chart's copies are the generated files.
+// CRDs: the chart's copies are the generated files, rendered as templates (so that `helm
+// upgrade` updates them) with the keep policy.
+
+/// Where the chart keeps the CRD files templates/crds.yaml renders.
+const CHART_CRDS: &str = "charts/sealed-volumes/files/crds";
 
 #[test]
 fn chart_crds_are_the_generated_crds() -> Result<()> {
-    const FIX: &str = "cp crds/yaml/*.yaml charts/sealed-volumes/crds/";
+    const FIX: &str = "cp crds/yaml/*.yaml charts/sealed-volumes/files/crds/";
     let generated = yaml_files(&root().join("crds/yaml"))?;
-    let in_chart = yaml_files(&chart().join("crds"))?;
+    let in_chart = yaml_files(&root().join(CHART_CRDS))?;
     assert!(!generated.is_empty(), "no CRDs in crds/yaml");
     let mut problems = vec![];
     for name in generated.union(&in_chart) {
         let want = std::fs::read(root().join("crds/yaml").join(name)).ok();
-        let have = std::fs::read(chart().join("crds").join(name)).ok();
+        let have = std::fs::read(root().join(CHART_CRDS).join(name)).ok();
         match (want, have) {
             (Some(w), Some(h)) if w == h => {}
-            (Some(_), Some(_)) => {
-                problems.push(format!("charts/sealed-volumes/crds/{name} differs"))
-            }
-            (Some(_), None) => {
-                problems.push(format!("charts/sealed-volumes/crds/{name} is missing"))
-            }
+            (Some(_), Some(_)) => problems.push(format!("{CHART_CRDS}/{name} differs")),
+            (Some(_), None) => problems.push(format!("{CHART_CRDS}/{name} is missing")),
             (None, _) => problems.push(format!(
-                "charts/sealed-volumes/crds/{name} is not in crds/yaml (remove it)"
+                "{CHART_CRDS}/{name} is not in crds/yaml (remove it)"
             )),
         }
     }
@@ -67,6 +67,65 @@ fn chart_crds_are_the_generated_crds() -> Result<()> {
         "the chart's CRDs are stale: {}; run `{FIX}`",
         problems.join("; ")
     );
+    // A crds/ directory would be installed before the templates, unowned by the release, and
+    // never upgraded: the templates' copies would then fail as "exists".
+    assert!(
+        !chart().join("crds").exists(),
+        "charts/sealed-volumes/crds/ is back: helm would install those CRDs and never upgrade them"
+    );
+    Ok(())
+}
+
+/// `helm template` renders each generated CRD, unchanged but for the keep policy and the
+/// chart's labels; `crds.install=false` renders none, `crds.keep=false` drops the policy.
+#[test]
+fn crds_render_as_templates_with_the_keep_policy() -> Result<()> {
+    let Some(helm) = helm("crds_render_as_templates_with_the_keep_policy") else {
+        return Ok(());
+    };
+    let strip = |mut crd: Value| {
+        if let Some(meta) = crd["metadata"].as_object_mut() {
+            meta.remove("annotations");
+            meta.remove("labels");
+        }
+        crd
+    };
+    let mut generated = vec![];
+    for name in yaml_files(&root().join("crds/yaml"))? {
+        let text = std::fs::read_to_string(root().join("crds/yaml").join(name))?;
+        generated.extend(parse_docs(&text)?);
+    }
+    let docs = render(&helm, &["commonLabels.team=models"])?;
+    let rendered = of_kind(&docs, "CustomResourceDefinition");
+    assert_eq!(
+        rendered.len(),
+        generated.len(),
+        "one template per generated CRD"
+    );
+    for crd in &rendered {
+        let meta = &crd["metadata"];
+        assert_eq!(
+            meta["annotations"]["helm.sh/resource-policy"], "keep",
+            "{}: helm uninstall would delete every object of it",
+            meta["name"]
+        );
+        assert_eq!(
+            meta["labels"]["app.kubernetes.io/part-of"],
+            "sealed-volumes"
+        );
+        assert_eq!(meta["labels"]["team"], "models", "commonLabels");
+        assert!(
+            generated.contains(&strip((*crd).clone())),
+            "{} differs from crds/yaml beyond its labels and annotations",
+            meta["name"]
+        );
+    }
+    let none = render(&helm, &["crds.install=false"])?;
+    assert!(of_kind(&none, "CustomResourceDefinition").is_empty());
+    let unkept = render(&helm, &["crds.keep=false"])?;
+    for crd in of_kind(&unkept, "CustomResourceDefinition") {
+        assert!(crd["metadata"]["annotations"]["helm.sh/resource-policy"].is_null());
+    }
     Ok(())
 }
 

@@ -6,9 +6,10 @@
 //! 1. images built (`hack/images.sh sealed`, plus the `tree-b3` reader) and pushed with crane
 //!    to a private registry on loopback (`crane registry serve` behind the Basic-auth proxy
 //!    `hack/registry-auth.py` on 127.0.0.1:15000, which `hack/cluster.sh` gives containerd a
-//!    plain-http hosts.toml for), the current CRDs applied server-side (helm never upgrades
-//!    CRDs), the chart installed into a fresh namespace with `helm install` and documented
-//!    values only (each component's `image.repository` + `image.digest`, `imagePullSecrets`
+//!    plain-http hosts.toml for), the current CRDs applied server-side (other tests apply
+//!    them too; the install takes them over), the chart installed into a fresh namespace
+//!    with `helm install` and documented values only (each component's `image.repository` +
+//!    `image.digest`, `imagePullSecrets`
 //!    with the registry's credentials, the sync Jobs' service account; store: a moto
 //!    bucket), operator Deployment and node DaemonSet ready, the driver registered with
 //!    kubelet; every container's `imageID` is `127.0.0.1:15000/<image>@<pushed digest>` and
@@ -1102,9 +1103,10 @@ async fn install(j: &Journey, operator_bin: &Path, csi_bin: &Path) -> Result<Ima
         ));
     }
 
-    // helm installs the chart's CRDs only when they are absent and never upgrades them
-    // (docs/helm.md): apply the current ones first, as an upgrade would, so a CRD left by an
-    // older build cannot prune fields the operator writes.
+    // Other tests on this cluster apply the CRDs without helm: apply the current ones first
+    // (so a CRD left by an older build cannot prune fields the operator writes), then the
+    // install takes them over (--take-ownership, as docs/helm.md's upgrade from a chart that
+    // kept them in crds/ does); the chart's keep policy leaves them when the release goes.
     sealed_e2e::install_crds(&j.client(), "sealed-e2e-journey").await?;
     say("CRDs applied (server-side) and served");
     // What a private registry and workload identity need: a pull secret with the registry's
@@ -1162,6 +1164,7 @@ async fn install(j: &Journey, operator_bin: &Path, csi_bin: &Path) -> Result<Ima
         "charts/sealed-volumes",
         "-n",
         &j.release_ns,
+        "--take-ownership",
     ];
     for s in &sets {
         args.extend(["--set", s.as_str()]);

@@ -221,7 +221,7 @@ async fn wait_ready(api: &mut Guard, kubeconfig: &Path, dir: &Path) -> Result<Cl
 
 /// Server-side applies every CRD the chart ships and waits until each is Established.
 async fn apply_chart_crds(client: &Client) -> Result<()> {
-    let dir = sealed_e2e::repo_root().join("charts/sealed-volumes/crds");
+    let dir = sealed_e2e::repo_root().join("charts/sealed-volumes/files/crds");
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .with_context(|| format!("cannot read {}", dir.display()))?
