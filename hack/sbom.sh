@@ -13,7 +13,10 @@ version=$(cargo metadata --format-version 1 --no-deps --locked |
   jq -r --arg p "$pkg" '.packages[] | select(.name == $p) | .version')
 [[ -n $version ]] || { echo "sbom.sh: no package $pkg in the workspace" >&2; exit 1; }
 # name@version of everything the package links (normal dependencies, this target).
-deps=$(cargo tree --locked -p "$pkg" -e normal --prefix none --format '{p}' |
+# SEALED_SBOM_TARGET: another target triple than this machine's (hack/release.sh's musl builds).
+target_args=()
+[[ -n ${SEALED_SBOM_TARGET:-} ]] && target_args=(--target "$SEALED_SBOM_TARGET")
+deps=$(cargo tree --locked -p "$pkg" -e normal --prefix none --format '{p}' "${target_args[@]}" |
   awk '{print $1 "@" substr($2, 2)}' | sort -u)
 cargo metadata --format-version 1 --locked |
   jq --arg p "$pkg" --arg v "$version" --arg deps "$deps" '
