@@ -104,6 +104,19 @@ where
     }
 }
 
+/// A seed of this run: the first node's disk cache (a host directory) outlives a run, so a
+/// version made of the same bytes again would be read from it, not from the peers or the origin.
+fn run_seed() -> u64 {
+    static SEED: OnceLock<u64> = OnceLock::new();
+    *SEED.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        nanos ^ u64::from(std::process::id()).rotate_left(32)
+    })
+}
+
 struct Fleet {
     cluster: Cluster,
     helm: Helm,
@@ -523,7 +536,7 @@ async fn read_at_once(f: &Fleet) -> Result<Digest> {
         )
         .await
         .context("creating SealedVolume model")?;
-    let (digest, sums, bytes, _) = push_version(f, "model", mib, 1).await?;
+    let (digest, sums, bytes, _) = push_version(f, "model", mib, run_seed()).await?;
     say(format!("version {digest} ({mib} MiB, 4 files) Ready"));
 
     let served_before = plugin_metric(f, "sealed_peer_served_bytes_total").await?;
@@ -646,7 +659,8 @@ async fn warm_one_node(f: &Fleet) -> Result<()> {
         .await
         .context("creating SealedVolume warm")?;
     let origin_before_push = f.proxy.served();
-    let (digest, sums, bytes, version) = push_version(f, "warm", mib, 100).await?;
+    let (digest, sums, bytes, version) =
+        push_version(f, "warm", mib, run_seed().wrapping_add(100)).await?;
     let annotation = version
         .annotations()
         .get(sealed_crds::WARM_ANNOTATION)
