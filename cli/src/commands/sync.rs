@@ -332,16 +332,22 @@ fn source_field(source: &Source) -> serde_json::Value {
 
 /// The field managers other than ours that own a field under `spec.source`.
 fn source_managers(volume: &SealedVolume) -> Vec<String> {
+    other_managers(volume, &["f:spec", "f:source"])
+}
+
+/// The field managers other than ours whose managed fields (`fieldsV1`) hold `path`, e.g.
+/// `["f:spec", "f:tags", "f:prod"]`: who would lose a field if we took it.
+pub(crate) fn other_managers(volume: &SealedVolume, path: &[&str]) -> Vec<String> {
     let mut owners: Vec<String> = volume
         .managed_fields()
         .iter()
         .filter(|m| m.manager.as_deref() != Some(FIELD_MANAGER))
         .filter(|m| {
-            m.fields_v1
-                .as_ref()
-                .and_then(|f| f.0.get("f:spec"))
-                .and_then(|spec| spec.get("f:source"))
-                .is_some()
+            m.fields_v1.as_ref().is_some_and(|f| {
+                path.iter()
+                    .try_fold(&f.0, |node, key| node.get(*key))
+                    .is_some()
+            })
         })
         .filter_map(|m| m.manager.clone())
         .collect();

@@ -21,7 +21,7 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use sealed_crds::{SealedVolume, SealedVolumeVersion};
 
-use crate::commands::sync::FIELD_MANAGER;
+use crate::commands::sync::{FIELD_MANAGER, other_managers};
 use crate::context::pick_digest;
 use crate::errors::{NotFoundError, UsageError};
 use crate::output::print_json;
@@ -195,23 +195,7 @@ async fn version_digest(
 /// The field managers other than ours that own `spec.tags.<tag>`.
 fn tag_managers(volume: &SealedVolume, tag: &str) -> Vec<String> {
     let key = format!("f:{tag}");
-    let mut owners: Vec<String> = volume
-        .managed_fields()
-        .iter()
-        .filter(|m| m.manager.as_deref() != Some(FIELD_MANAGER))
-        .filter(|m| {
-            m.fields_v1
-                .as_ref()
-                .and_then(|f| f.0.get("f:spec"))
-                .and_then(|spec| spec.get("f:tags"))
-                .and_then(|tags| tags.get(&key))
-                .is_some()
-        })
-        .filter_map(|m| m.manager.clone())
-        .collect();
-    owners.sort();
-    owners.dedup();
-    owners
+    other_managers(volume, &["f:spec", "f:tags", &key])
 }
 
 #[cfg(test)]
