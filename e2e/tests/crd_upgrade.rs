@@ -63,7 +63,23 @@ fn helm_binary() -> Result<PathBuf> {
 
 /// The commit before the last one that changed the generated CRDs: its chart is "the
 /// previous chart" (reproducible from history, and its CRD schema differs from ours).
-fn previous_chart_commit() -> Result<String> {
+/// `None` when the history is not here: a shallow clone that cannot be deepened.
+fn previous_chart_commit() -> Result<Option<String>> {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .current_dir(root())
+            .args(args)
+            .output()
+            .ok()
+            .filter(|out| out.status.success())
+    };
+    let shallow = git(&["rev-parse", "--is-shallow-repository"])
+        .is_some_and(|out| out.stdout.starts_with(b"true"));
+    // A shallow clone's oldest commit has no parent here: deepen it once if its remote
+    // answers, else the caller skips.
+    if shallow && git(&["fetch", "--quiet", "--unshallow"]).is_none() {
+        return Ok(None);
+    }
     let last = run(
         "git log",
         Command::new("git").current_dir(root()).args([
@@ -76,7 +92,7 @@ fn previous_chart_commit() -> Result<String> {
     )?;
     let last = last.trim();
     ensure!(!last.is_empty(), "no commit changed crds/yaml");
-    Ok(format!("{last}^"))
+    Ok(Some(format!("{last}^")))
 }
 
 /// Copies the chart at `commit` (None: the working tree) into `dir`, keeping only what
@@ -226,7 +242,12 @@ async fn helm_upgrade_from_the_previous_chart_updates_the_crds() -> Result<()> {
     let helm = helm_binary()?;
     let tmp = tempfile::tempdir()?;
     let (old_chart, new_chart) = (tmp.path().join("old"), tmp.path().join("new"));
-    let previous = previous_chart_commit()?;
+    let Some(previous) = previous_chart_commit()? else {
+        eprintln!(
+            "{TEST}: skipped: a shallow clone whose history cannot be fetched (the previous chart comes from git history)"
+        );
+        return Ok(());
+    };
     cut_down_chart(Some(&previous), &old_chart)?;
     cut_down_chart(None, &new_chart)?;
     let (old_paths, new_paths) = (file_paths(&old_chart)?, file_paths(&new_chart)?);
