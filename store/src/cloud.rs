@@ -1,7 +1,7 @@
 //! Each backend's builder, configured the way its cloud's own CLI is: the standard environment
 //! variables, the shared config files, and the emulator conventions. Returns the endpoint the
 //! client will talk to (checked to have a scheme), so the caller allows plain HTTP only to an
-//! endpoint that asked for it. [`crate::ChunkStore::connect`] adds the URL, retries and the
+//! endpoint that asked for it. [`crate::backend`] adds the URL, retries and the
 //! store's own credentials.
 //!
 //! | backend | endpoint, first that is set | credentials, region |
@@ -15,9 +15,9 @@ use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
 use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
 
 use crate::aws_profile;
+use crate::backend::StoreOptions;
 use crate::error::{Error, Result};
 use crate::limits::check_endpoint;
-use crate::store::StoreOptions;
 
 fn env(k: &str) -> Option<String> {
     std::env::var(k).ok().filter(|v| !v.is_empty())

@@ -6,6 +6,7 @@
 
 pub mod aws_credentials;
 pub mod aws_profile;
+mod backend;
 pub mod bounded;
 pub mod chunker;
 mod clock;
@@ -37,6 +38,7 @@ pub mod trash;
 mod upload;
 pub mod verify;
 
+pub use backend::StoreOptions;
 pub use chunker::ChunkParams;
 pub use digest::Digest;
 pub use error::{Error, Result};
@@ -45,7 +47,7 @@ pub use lease::WriterLease;
 pub use manifest::{ChunkRef, Entry, EntryKind, FileEntry, Manifest};
 pub use profile::{Profile, ProfileError};
 pub use progress::{NoProgress, Progress};
-pub use store::{ChunkStore, Removal, StoreOptions, VolumeRecord};
+pub use store::{ChunkStore, Removal, VolumeRecord};
 
 /// Environment variables `SEALED_STORE_CRED_<KEY>` are the store's credentials: applied by
 /// [`ChunkStore::open`] as `<key>` (lowercased) builder settings after the backend's own

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use crate::backend::StoreOptions;
 use crate::error::{Error, Result};
-use crate::store::StoreOptions;
 
 /// The longest retention, grace period or other duration accepted anywhere: 100 years of
 /// 365 days (876000h). The CRDs' `retention.deletedVersions` has the same bound.

@@ -6,50 +6,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::path::Path as ObjectPath;
-use object_store::prefix::PrefixStore;
-use object_store::{
-    BackoffConfig, ClientOptions, ObjectStore, PutMode, PutOptions, PutPayload, RetryConfig,
-};
-use url::Url;
+use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
 
+use crate::backend::{self, Backend, StoreOptions};
 use crate::bounded::{MAX_CHUNK_BYTES, MAX_LISTED_OBJECTS, MAX_MANIFEST_BYTES, MAX_RECORD_BYTES};
-use crate::cloud;
 use crate::digest::{Digest, verify_digest};
 use crate::error::{Error, Result};
-use crate::http_cap::CappedConnector;
 use crate::layout::{self, Prefix};
 use crate::manifest::Manifest;
 use crate::objects::found;
-
-/// How to reach a store. Credentials come from the environment as each backend documents
-/// (`AWS_ACCESS_KEY_ID`, `AZURE_STORAGE_ACCOUNT_KEY`, `GOOGLE_SERVICE_ACCOUNT`, …).
-#[derive(Clone, Debug)]
-pub struct StoreOptions {
-    /// Custom endpoint for S3-compatible servers (MinIO, R2, CoreWeave) or Azure emulators.
-    pub endpoint: Option<String>,
-    pub region: Option<String>,
-    /// Per-request timeout; a request that does not answer in time is retried.
-    pub timeout: Duration,
-    /// Retries of a failed request before the error is returned.
-    pub retries: usize,
-    /// Create a `file://` store's directory when it does not exist.
-    pub create: bool,
-}
-
-impl Default for StoreOptions {
-    fn default() -> Self {
-        StoreOptions {
-            endpoint: None,
-            region: None,
-            timeout: Duration::from_secs(30),
-            retries: 3,
-            create: false,
-        }
-    }
-}
 
 #[derive(Clone, Debug)]
 pub struct ChunkStore {
@@ -137,127 +104,7 @@ impl ChunkStore {
     /// bounds). For a reader that must be served whenever the store comes back (the CSI
     /// plugin's mounts); everything else should `open`.
     pub fn connect(url: &str, opts: &StoreOptions) -> Result<Self> {
-        // Bad options are refused here, before they can overflow a retry timeout.
-        opts.validate()?;
-        let bad = |reason: &str| Error::InvalidStoreUrl {
-            url: url.into(),
-            reason: reason.into(),
-        };
-        let parsed = Url::parse(url).map_err(|e| bad(&e.to_string()))?;
-        let prefix = parsed.path().trim_matches('/').to_owned();
-        // Plain HTTP only to an endpoint that asks for it (a local server or emulator).
-        let client = |endpoint: Option<&str>| {
-            ClientOptions::new()
-                .with_timeout(opts.timeout)
-                .with_connect_timeout(opts.timeout.min(Duration::from_secs(10)))
-                .with_allow_http(endpoint.is_some_and(|e| e.starts_with("http://")))
-        };
-        let retry = RetryConfig {
-            backoff: BackoffConfig {
-                init_backoff: Duration::from_millis(100),
-                max_backoff: Duration::from_secs(5),
-                base: 2.0,
-            },
-            max_retries: opts.retries,
-            retry_timeout: opts.timeout * (opts.retries as u32 + 1),
-        };
-        let remote = |inner: Arc<dyn ObjectStore>| -> Arc<dyn ObjectStore> {
-            if prefix.is_empty() {
-                inner
-            } else {
-                Arc::new(PrefixStore::new(inner, prefix.as_str()))
-            }
-        };
-        let backend_err = |e: object_store::Error| Error::Backend {
-            store: url.into(),
-            source: e,
-        };
-        // The store's own credentials as `SEALED_STORE_CRED_<KEY>` (how sync Jobs get the
-        // store's Secret, so that source readers never see it under the standard names),
-        // applied after the backend's standard environment variables. Keys a backend does not
-        // know are left out, as `from_env` leaves them out.
-        let store_creds: Vec<(String, String)> = std::env::vars()
-            .filter_map(|(k, v)| {
-                let key = k.strip_prefix(crate::STORE_CREDENTIAL_ENV_PREFIX)?;
-                (!key.is_empty()).then(|| (key.to_ascii_lowercase(), v))
-            })
-            .collect();
-        let (inner, local_root): (Arc<dyn ObjectStore>, _) = match parsed.scheme() {
-            "file" => {
-                let dir = parsed
-                    .to_file_path()
-                    .map_err(|_| bad("a file:// URL needs an absolute path"))?;
-                if !dir.is_dir() {
-                    if opts.create {
-                        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-                    } else {
-                        return Err(Error::StoreNotFound {
-                            store: url.into(),
-                            reason: format!(
-                                "directory {} does not exist (create it with mkdir -p)",
-                                dir.display()
-                            ),
-                        });
-                    }
-                }
-                let fs = LocalFileSystem::new_with_prefix(&dir).map_err(backend_err)?;
-                (Arc::new(fs), Some(dir))
-            }
-            "memory" => (Arc::new(InMemory::new()), None),
-            "s3" | "s3a" => {
-                let (b, endpoint) = cloud::s3_builder(opts)?;
-                let mut b = b;
-                for (k, v) in &store_creds {
-                    if let Ok(key) = k.parse::<object_store::aws::AmazonS3ConfigKey>() {
-                        b = b.with_config(key, v);
-                    }
-                }
-                let b = b
-                    .with_url(url)
-                    .with_client_options(client(endpoint.as_deref()))
-                    .with_http_connector(CappedConnector)
-                    .with_retry(retry);
-                (remote(Arc::new(b.build().map_err(backend_err)?)), None)
-            }
-            "gs" => {
-                let (mut b, endpoint) = cloud::gcs_builder(opts)?;
-                for (k, v) in &store_creds {
-                    if let Ok(key) = k.parse::<object_store::gcp::GoogleConfigKey>() {
-                        b = b.with_config(key, v);
-                    }
-                }
-                let b = b
-                    .with_url(url)
-                    .with_client_options(client(endpoint.as_deref()))
-                    .with_http_connector(CappedConnector)
-                    .with_retry(retry);
-                (remote(Arc::new(b.build().map_err(backend_err)?)), None)
-            }
-            "az" | "azure" | "abfs" | "abfss" => {
-                let (mut b, endpoint) = cloud::azure_builder(opts)?;
-                for (k, v) in &store_creds {
-                    if let Ok(key) = k.parse::<object_store::azure::AzureConfigKey>() {
-                        b = b.with_config(key, v);
-                    }
-                }
-                let mut b = b
-                    .with_url(url)
-                    .with_client_options(client(endpoint.as_deref()))
-                    .with_http_connector(CappedConnector)
-                    .with_retry(retry);
-                // The URL's account would otherwise win over the endpoint's.
-                if let Some(endpoint) = endpoint {
-                    b = b.with_endpoint(endpoint);
-                }
-                (remote(Arc::new(b.build().map_err(backend_err)?)), None)
-            }
-            other => {
-                return Err(bad(&format!(
-                    "unsupported scheme '{other}': use file://, s3://, gs://, az:// or memory:// \
-                     (for R2 or CoreWeave use s3://bucket with --endpoint)"
-                )));
-            }
-        };
+        let Backend { inner, local_root } = backend::open(url, opts)?;
         Ok(ChunkStore {
             inner,
             name: url.into(),

@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use bytes::Bytes;
-use sealed_store::store::{ChunkStore, StoreOptions};
+use sealed_store::{ChunkStore, StoreOptions};
 use sealed_store::{Digest, Error};
 use sealed_test_support::servers::missing;
 
