@@ -39,10 +39,14 @@ use url::Url;
 
 use super::egress::{GuardedConnector, refused_in};
 use super::limits::ListingBudget;
-use super::{
-    Access, RemoteFile, SourceCredentials, SourceError, SourceLimits, SyncOptions, SyncProgress,
-    Tap, backoff, error_chain, redact, redact_url, short, size_mismatch,
-};
+use crate::credentials::SourceCredentials;
+use crate::download::{RemoteFile, Tap, backoff, short, size_mismatch};
+use crate::error::SourceError;
+use crate::limits::SourceLimits;
+use crate::options::SyncOptions;
+use crate::policy::Access;
+use crate::progress::SyncProgress;
+use crate::redact::{error_chain, redact, redact_url};
 
 /// Environment prefixes the ambient credentials come from, for an allow-listed source only.
 const AMBIENT_PREFIXES: [&str; 3] = ["AWS_", "AZURE_", "GOOGLE_"];

@@ -277,7 +277,7 @@ pub fn refused_in(error: &(dyn std::error::Error + 'static)) -> Option<EgressRef
 /// the store's ([`sealed_store::CappedConnector`], whose client cannot take a resolver):
 /// a listing page at [`sealed_store::MAX_LISTING_PAGE_BYTES`], an error body at
 /// [`MAX_STORE_ERROR_BODY_BYTES`]; an object's bytes are bounded by the size its
-/// listing declared ([`crate::Tap`]).
+/// listing declared (`crate::download::Tap`).
 #[derive(Debug)]
 pub(crate) struct GuardedConnector {
     pub egress: Arc<Egress>,

@@ -38,10 +38,14 @@ use super::egress::{GuardedResolver, refused_in};
 use super::limits::{
     BodyError, ListingBudget, MAX_ERROR_BODY_BYTES, MAX_METADATA_BYTES, read_capped, read_prefix,
 };
-use super::{
-    RemoteFile, SourceCredentials, SourceError, SourceLimits, SyncOptions, SyncProgress, Tap,
-    backoff, error_chain, globset, redact, redact_url, short, size_mismatch,
-};
+use crate::credentials::SourceCredentials;
+use crate::download::{RemoteFile, Tap, backoff, short, size_mismatch};
+use crate::error::SourceError;
+use crate::limits::SourceLimits;
+use crate::options::SyncOptions;
+use crate::progress::SyncProgress;
+use crate::redact::{error_chain, redact, redact_url};
+use crate::spec::globset;
 
 /// Redirects followed at most (reqwest's default limit).
 const MAX_REDIRECTS: usize = 10;

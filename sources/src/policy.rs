@@ -29,7 +29,8 @@ use crate::spec::{BucketPrefix, HubRepo, SourceSpec};
 use url::Url;
 
 use super::huggingface::DEFAULT_ENDPOINT;
-use super::{SourceError, redact_url};
+use crate::error::SourceError;
+use crate::redact::redact_url;
 
 /// `sealed-operator run|sync` flag: `file://` sources are allowed.
 pub const ALLOW_FILE_FLAG: &str = "--allow-file-sources";

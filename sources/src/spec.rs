@@ -5,6 +5,8 @@
 //! operator converts its API type into a [`SourceSpec`]; error messages name the API fields
 //! (`spec.source.huggingFace.endpoint`, ...) because that is where a tenant fixes them.
 
+use crate::error::SourceError;
+
 /// The one source of a volume.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SourceSpec {
@@ -49,4 +51,26 @@ pub struct BucketPrefix {
     pub endpoint: Option<String>,
     /// The region (S3); `None` means the provider's default.
     pub region: Option<String>,
+}
+
+/// Compiles include/exclude patterns (fnmatch-style, as `huggingface_hub` applies them: `*`
+/// matches across `/`, so `*.json` matches `sub/config.json`).
+pub(crate) fn globset(
+    patterns: &[String],
+    field: &str,
+) -> Result<Option<globset::GlobSet>, SourceError> {
+    if patterns.is_empty() {
+        return Ok(None);
+    }
+    let mut set = globset::GlobSetBuilder::new();
+    for p in patterns {
+        let glob = globset::GlobBuilder::new(p)
+            .literal_separator(false)
+            .build()
+            .map_err(|e| SourceError::Invalid(format!("{field}: pattern {p:?}: {e}")))?;
+        set.add(glob);
+    }
+    set.build()
+        .map(Some)
+        .map_err(|e| SourceError::Invalid(format!("{field}: {e}")))
 }
