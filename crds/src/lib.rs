@@ -10,6 +10,7 @@
 
 pub mod attestation;
 pub mod condition;
+pub mod csi;
 pub mod publications;
 pub mod schema;
 pub mod validate;

@@ -8,8 +8,7 @@ use crate::proto::csi::{
     GetPluginInfoResponse, PluginCapability, ProbeRequest, ProbeResponse,
 };
 
-/// The name in `CSIDriver` objects and pod specs.
-pub const DRIVER_NAME: &str = "csi.sealedvolumes.io";
+pub use sealed_crds::csi::DRIVER_NAME;
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct IdentityService;

@@ -29,18 +29,10 @@ use crate::proto::csi::{
 use crate::server;
 use crate::state::{Driver, Publish};
 
-/// The volume attribute that names the version to mount.
-pub const DIGEST_ATTRIBUTE: &str = "digest";
-/// With [`TAG_ATTRIBUTE`], names a version by a tag of a SealedVolume in the pod's namespace.
-pub const VOLUME_ATTRIBUTE: &str = "volume";
-pub const TAG_ATTRIBUTE: &str = "tag";
-/// What to prefetch on the version's mount: `none | model | all | GLOBS` ([`prefetch_from_context`]).
-pub const PREFETCH_ATTRIBUTE: &str = "prefetch";
-/// `"false"` keeps the version's mount from replaying or recording a learned prefetch profile
-/// ([`learned_prefetch_from_context`]).
-pub const LEARNED_PREFETCH_ATTRIBUTE: &str = "learnedPrefetch";
-/// Set by kubelet on ephemeral inline volumes.
-pub const EPHEMERAL_ATTRIBUTE: &str = "csi.storage.k8s.io/ephemeral";
+pub use sealed_crds::csi::{
+    DIGEST_ATTRIBUTE, EPHEMERAL_ATTRIBUTE, LEARNED_PREFETCH_ATTRIBUTE, PREFETCH_ATTRIBUTE,
+    TAG_ATTRIBUTE, VOLUME_ATTRIBUTE,
+};
 
 pub struct NodeService {
     driver: Arc<Driver>,

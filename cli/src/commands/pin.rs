@@ -29,6 +29,12 @@ use anyhow::{Context as _, bail};
 use clap::Args;
 use kube::{Api, Client};
 use sealed_crds::SealedVolume;
+// The CSI driver's name and the volume attributes that name a version: `digest`, or
+// `volume` + `tag` (the same keys in Helm values and markers).
+use sealed_crds::csi::{
+    DIGEST_ATTRIBUTE as DIGEST, DRIVER_NAME as DRIVER, TAG_ATTRIBUTE as TAG,
+    VOLUME_ATTRIBUTE as VOLUME,
+};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_saphyr::Spanned;
@@ -37,12 +43,6 @@ use crate::context::Context;
 use crate::errors::NotFoundError;
 use crate::output::print_json;
 
-/// The CSI driver's name (`csi-driver/src/identity.rs`) and its volume attributes
-/// (`csi-driver/src/node.rs`, `version_from_context`): `digest`, or `volume` + `tag`.
-const DRIVER: &str = "csi.sealedvolumes.io";
-const DIGEST: &str = "digest";
-const VOLUME: &str = "volume";
-const TAG: &str = "tag";
 /// Kustomize `images:`-style entries: `name`, `newTag`, `digest`.
 const NAME: &str = "name";
 const NEW_TAG: &str = "newTag";
