@@ -229,19 +229,9 @@ pub fn chunk_reader_with_sink<R: Read>(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use sealed_test_support::trees::pseudo_random;
 
-    fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 24) as u8
-            })
-            .collect()
-    }
+    use super::*;
 
     #[test]
     fn streaming_matches_the_reference_iterator() {

@@ -50,7 +50,7 @@ pub(crate) struct StoreClock {
 
 impl StoreClock {
     pub(crate) async fn read(store: &ChunkStore) -> Result<StoreClock> {
-        let key = crate::layout::gc_clock_key(&crate::holder::random_id());
+        let key = crate::layout::gc_clock_key(&crate::identity::random_id());
         let read = Instant::now();
         store
             .write_json(&key, &serde_json::json!({ "probe": true }))

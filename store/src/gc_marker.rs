@@ -12,7 +12,7 @@ use object_store::{PutMode, PutOptions, PutPayload, UpdateVersion};
 use crate::bounded::MAX_RECORD_BYTES;
 use crate::clock::{StoreClock, judged_expiry, store_expiry};
 use crate::error::{Error, Result};
-use crate::holder::{hostname, random_id};
+use crate::identity::{hostname, random_id};
 use crate::keepalive::{Keepalive, Renewable};
 use crate::layout::gc_marker_key;
 use crate::store::ChunkStore;

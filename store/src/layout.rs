@@ -253,7 +253,7 @@ mod tests {
             parse_trash_key(&trash_record_key(&d)),
             Some(TrashKey::Record(d))
         );
-        let id = crate::holder::random_id();
+        let id = crate::identity::random_id();
         assert_eq!(parse_lease_key(&lease_key(&id)), Some(id.clone()));
         assert_eq!(parse_gc_clock_key(&gc_clock_key(&id)), Some(id));
     }

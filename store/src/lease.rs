@@ -28,7 +28,7 @@ pub use crate::clock::DEFAULT_LEASE_TTL;
 use crate::clock::{chrono_duration, judged_expiry, store_expiry};
 use crate::error::{Error, Result};
 use crate::gc_marker::read_gc_marker;
-use crate::holder::{hostname, random_id};
+use crate::identity::{hostname, random_id};
 use crate::keepalive::{Keepalive, Renewable};
 use crate::layout::{self, Prefix};
 use crate::retry::RetryPolicy;

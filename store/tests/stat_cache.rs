@@ -15,6 +15,7 @@ use sealed_store::push::{PushOptions, PushReport, StatCachePolicy, push};
 use sealed_store::stat_cache::StatCacheConfig;
 use sealed_store::verify::verify;
 use sealed_store::{ChunkStore, NoProgress};
+use sealed_test_support::trees::pseudo_random;
 use support::file_store;
 
 const WINDOW: Duration = Duration::from_millis(50);
@@ -46,18 +47,6 @@ async fn fixture() -> Fixture {
         store,
         cfg,
     }
-}
-
-fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
 }
 
 async fn push_with(f: &Fixture, policy: StatCachePolicy) -> PushReport {
