@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use sealed_sources::{
-    HubRepo, HubRepoType, NoSyncProgress, SourceCredentials, SourcePolicy, SourceSpec, SyncOptions,
+    HubRepo, HubRepoType, NoReporter, SourceCredentials, SourcePolicy, SourceSpec, SyncOptions,
     sync_source,
 };
 use sealed_store::ChunkStore;
@@ -86,7 +86,7 @@ async fn synced(spec: &SourceSpec) -> String {
         spec,
         &SourceCredentials::default(),
         &opts,
-        Arc::new(NoSyncProgress),
+        Arc::new(NoReporter),
     )
     .await
     .unwrap()

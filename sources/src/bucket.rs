@@ -45,7 +45,7 @@ use crate::error::SourceError;
 use crate::limits::SourceLimits;
 use crate::options::SyncOptions;
 use crate::policy::Access;
-use crate::progress::SyncProgress;
+use crate::progress::SyncReporter;
 use crate::redact::{error_chain, redact, redact_url};
 
 /// Environment prefixes the ambient credentials come from, for an allow-listed source only.
@@ -288,7 +288,7 @@ impl BucketSource {
         &self,
         ingest: &Ingest,
         file: &RemoteFile,
-        progress: &Arc<dyn SyncProgress>,
+        progress: &Arc<dyn SyncReporter>,
     ) -> Result<(), SourceError> {
         let location = ObjectPath::from(file.key.as_str());
         let mut attempt = 0;

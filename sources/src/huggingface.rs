@@ -43,7 +43,7 @@ use crate::download::{RemoteFile, Tap, backoff, short, size_mismatch};
 use crate::error::SourceError;
 use crate::limits::SourceLimits;
 use crate::options::SyncOptions;
-use crate::progress::SyncProgress;
+use crate::progress::SyncReporter;
 use crate::redact::{error_chain, redact, redact_url};
 use crate::spec::globset;
 
@@ -324,7 +324,7 @@ impl HubSource {
         ingest: &Ingest,
         commit: &str,
         file: &RemoteFile,
-        progress: &Arc<dyn SyncProgress>,
+        progress: &Arc<dyn SyncReporter>,
     ) -> Result<(), SourceError> {
         let mut segments = Vec::new();
         if self.repo_type == HubRepoType::Dataset {

@@ -38,7 +38,7 @@ pub use error::SourceError;
 pub use limits::SourceLimits;
 pub use options::SyncOptions;
 pub use policy::{Access, SourcePolicy};
-pub use progress::{NoSyncProgress, SyncProgress};
+pub use progress::{NoReporter, SyncReporter};
 pub use redact::{redact_url, redact_urls_in};
 pub use spec::{BucketPrefix, HubRepo, HubRepoType, SourceSpec};
 pub use sync::{SyncOutcome, resolve_revision, sync_source};

@@ -7,7 +7,7 @@ use sealed_store::Progress;
 use sealed_store::progress::Phase;
 
 /// Progress of a sync. Every method has a no-op default; calls come from several tasks.
-pub trait SyncProgress: Send + Sync {
+pub trait SyncReporter: Send + Sync {
     /// The listing is done: this many files and bytes will be streamed.
     fn listed(&self, _files: u64, _bytes: u64) {}
     /// `bytes` more were read from the source and chunked.
@@ -23,11 +23,11 @@ pub trait SyncProgress: Send + Sync {
 }
 
 /// Reports nothing.
-pub struct NoSyncProgress;
-impl SyncProgress for NoSyncProgress {}
+pub struct NoReporter;
+impl SyncReporter for NoReporter {}
 
 /// The store's progress events, passed on.
-pub(crate) struct IngestProgress(pub(crate) Arc<dyn SyncProgress>);
+pub(crate) struct IngestProgress(pub(crate) Arc<dyn SyncReporter>);
 impl Progress for IngestProgress {
     fn start(&self, _phase: Phase, _total_bytes: u64) {}
     fn advance(&self, bytes: u64) {

@@ -12,7 +12,7 @@ use crate::credentials::SourceCredentials;
 use crate::download::RemoteFile;
 use crate::error::SourceError;
 use crate::options::SyncOptions;
-use crate::progress::{IngestProgress, SyncProgress};
+use crate::progress::{IngestProgress, SyncReporter};
 use crate::spec::SourceSpec;
 use crate::{bucket, huggingface, policy};
 
@@ -108,7 +108,7 @@ pub async fn sync_source(
     source: &SourceSpec,
     creds: &SourceCredentials,
     opts: &SyncOptions,
-    progress: Arc<dyn SyncProgress>,
+    progress: Arc<dyn SyncReporter>,
 ) -> Result<SyncOutcome, SourceError> {
     sync_inner(store, source, creds, opts, progress)
         .await
@@ -120,7 +120,7 @@ async fn sync_inner(
     source: &SourceSpec,
     creds: &SourceCredentials,
     opts: &SyncOptions,
-    progress: Arc<dyn SyncProgress>,
+    progress: Arc<dyn SyncReporter>,
 ) -> Result<SyncOutcome, SourceError> {
     let opened = Opened::open(source, creds, opts, Some(store))?;
     let what = opened.describe();

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sealed_sources::{
-    BucketPrefix, Egress, HubRepo, HubRepoType, NoSyncProgress, SourceCredentials, SourceError,
+    BucketPrefix, Egress, HubRepo, HubRepoType, NoReporter, SourceCredentials, SourceError,
     SourcePolicy, SourceSpec, SyncOptions, SyncOutcome, sync_source,
 };
 use sealed_store::ChunkStore;
@@ -143,7 +143,7 @@ async fn sync(source: &SourceSpec, creds: &SourceCredentials) -> Result<SyncOutc
             source,
             creds,
             &opts,
-            Arc::new(NoSyncProgress),
+            Arc::new(NoReporter),
         ),
     )
     .await

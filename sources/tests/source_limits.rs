@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use sealed_sources::limits::{MAX_LISTING_ENTRIES, MAX_PAGE_BYTES};
 use sealed_sources::{
-    BucketPrefix, Egress, HubRepo, HubRepoType, NoSyncProgress, SourceCredentials, SourceError,
+    BucketPrefix, Egress, HubRepo, HubRepoType, NoReporter, SourceCredentials, SourceError,
     SourceLimits, SourcePolicy, SourceSpec, SyncOptions, sync_source,
 };
 use sealed_store::ChunkStore;
@@ -232,7 +232,7 @@ async fn failed_sync(hub: &HostileHub, repo: &str) -> (SourceError, Duration) {
             &hub_source(&hub.url, repo),
             &SourceCredentials::default(),
             &opts(),
-            Arc::new(NoSyncProgress),
+            Arc::new(NoReporter),
         ),
     )
     .await
@@ -354,7 +354,7 @@ async fn a_prefix_with_too_many_objects_is_refused() {
                 &source,
                 &SourceCredentials::default(),
                 &options,
-                Arc::new(NoSyncProgress),
+                Arc::new(NoReporter),
             )
             .await
         }
@@ -411,7 +411,7 @@ async fn an_endless_bucket_listing_page_is_cut_off() {
             &source,
             &creds,
             &options,
-            Arc::new(NoSyncProgress),
+            Arc::new(NoReporter),
         ),
     )
     .await

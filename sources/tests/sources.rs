@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, PutPayload};
 use sealed_sources::{
-    BucketPrefix, Egress, HubRepo, HubRepoType, NoSyncProgress, SourceCredentials, SourceError,
-    SourcePolicy, SourceSpec, SyncOptions, SyncOutcome, SyncProgress, resolve_revision,
+    BucketPrefix, Egress, HubRepo, HubRepoType, NoReporter, SourceCredentials, SourceError,
+    SourcePolicy, SourceSpec, SyncOptions, SyncOutcome, SyncReporter, resolve_revision,
     sync_source,
 };
 use sealed_store::ChunkStore;
@@ -65,7 +65,7 @@ struct Counting {
     retries: AtomicU64,
 }
 
-impl SyncProgress for Counting {
+impl SyncReporter for Counting {
     fn listed(&self, files: u64, bytes: u64) {
         self.listed_files.store(files, Ordering::SeqCst);
         self.listed_bytes.store(bytes, Ordering::SeqCst);
@@ -117,7 +117,7 @@ async fn sync(
     source: &SourceSpec,
     creds: &SourceCredentials,
 ) -> Result<SyncOutcome, SourceError> {
-    sync_source(store, source, creds, &opts(), Arc::new(NoSyncProgress)).await
+    sync_source(store, source, creds, &opts(), Arc::new(NoReporter)).await
 }
 
 #[tokio::test]
@@ -363,7 +363,7 @@ async fn hugging_face_errors() {
             retries: 1,
             ..opts()
         },
-        Arc::new(NoSyncProgress),
+        Arc::new(NoReporter),
     )
     .await
     .unwrap_err();
@@ -799,7 +799,7 @@ async fn hub_token_stays_at_its_origin() {
             policy: SourcePolicy::default(),
             ..opts()
         },
-        Arc::new(NoSyncProgress),
+        Arc::new(NoReporter),
     )
     .await
     .unwrap_err();
@@ -837,7 +837,7 @@ async fn object_store_endpoint_gets_no_ambient_credentials() {
         &source,
         &SourceCredentials::default(),
         &allow_listed,
-        Arc::new(NoSyncProgress),
+        Arc::new(NoReporter),
     )
     .await
     .unwrap_err();

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use sealed_crds::Source;
-use sealed_sources::{SyncOptions, SyncProgress, sync_source};
+use sealed_sources::{SyncOptions, SyncReporter, sync_source};
 use serde::{Deserialize, Serialize};
 
 pub use credentials::SourceCredentials;
@@ -99,7 +99,7 @@ pub struct CountersSnapshot {
 }
 
 /// The source readers count into the counters directly.
-impl SyncProgress for Counters {
+impl SyncReporter for Counters {
     fn listed(&self, files: u64, bytes: u64) {
         self.files_total.store(files, Ordering::Relaxed);
         self.bytes_total.store(bytes, Ordering::Relaxed);
