@@ -28,12 +28,12 @@ use crate::digest::{Digest, verify_digest};
 use crate::error::{Error, Result};
 use crate::gc_marker::HeldMarker;
 use crate::layout::{self, Prefix, TrashKey};
-use crate::lease::{LeaseRecord, list_leases};
 use crate::manifest::Manifest;
 use crate::objects::found;
 use crate::retry::RetryPolicy;
 use crate::store::ChunkStore;
 use crate::trash::read_trashed_bytes;
+use crate::writer_lease::{LeaseRecord, list_leases};
 
 /// Chunks younger than this are never swept, whatever marks them (defence in depth against
 /// writers that take no lease, e.g. older clients, and against clock trouble).

@@ -23,7 +23,6 @@ use tokio::sync::mpsc;
 
 use crate::chunker::{ChunkParams, chunk_reader_with_sink};
 use crate::error::{Error, Result};
-use crate::lease::WriterLease;
 use crate::manifest::{
     ChunkRef, Entry, EntryKind, FileEntry, Manifest, validate_path, validate_symlink_target,
 };
@@ -32,6 +31,7 @@ use crate::push::{PushReport, seal_manifest};
 use crate::scan::check_symlink_loops;
 use crate::store::{ChunkStore, validate_volume_name};
 use crate::upload::{ChunkSender, Uploader, UploaderStopped};
+use crate::writer_lease::WriterLease;
 
 /// How to ingest: the same knobs as a push.
 #[derive(Clone, Debug)]

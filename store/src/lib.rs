@@ -21,7 +21,6 @@ mod identity;
 pub mod ingest;
 mod keepalive;
 pub mod layout;
-pub mod lease;
 pub mod limits;
 pub mod manifest;
 mod objects;
@@ -37,17 +36,18 @@ pub mod store;
 pub mod trash;
 mod upload;
 pub mod verify;
+pub mod writer_lease;
 
 pub use backend::StoreOptions;
 pub use chunker::ChunkParams;
 pub use digest::Digest;
 pub use error::{Error, Result};
 pub use http_cap::{CappedConnector, MAX_LISTING_PAGE_BYTES, cap_response};
-pub use lease::WriterLease;
 pub use manifest::{ChunkRef, Entry, EntryKind, FileEntry, Manifest};
 pub use profile::{Profile, ProfileError};
 pub use progress::{NoProgress, Progress};
 pub use store::{ChunkStore, Removal, VolumeRecord};
+pub use writer_lease::WriterLease;
 
 /// Environment variables `SEALED_STORE_CRED_<KEY>` are the store's credentials: applied by
 /// [`ChunkStore::open`] as `<key>` (lowercased) builder settings after the backend's own

@@ -26,7 +26,6 @@ use futures::StreamExt;
 use crate::chunker::ChunkParams;
 use crate::digest::Digest;
 use crate::error::{Error, Result};
-use crate::lease::{WriterLease, with_writer_lease};
 use crate::manifest::{ChunkRef, EntryKind, Manifest};
 use crate::progress::{Phase, Progress};
 use crate::scan::{
@@ -36,6 +35,7 @@ use crate::scan::{
 use crate::stat_cache::{CachedFile, StatCache, StatCacheConfig, epoch_ns};
 use crate::store::{ChunkStore, validate_volume_name};
 use crate::upload::{ChunkSender, UploadStats, Uploader};
+use crate::writer_lease::{WriterLease, with_writer_lease};
 
 #[derive(Clone, Debug)]
 pub struct PushOptions {

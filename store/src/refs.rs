@@ -29,9 +29,9 @@ use object_store::PutPayload;
 use crate::digest::Digest;
 use crate::error::{Error, Result};
 use crate::layout::{self, trash_manifest_key, trash_record_key};
-use crate::lease::{WriterLease, with_writer_lease};
 use crate::store::{ChunkStore, Removal, VolumeRecord, validate_volume_name};
 use crate::trash::{TrashRecord, read_record, read_trashed_manifest};
+use crate::writer_lease::{WriterLease, with_writer_lease};
 
 /// What a removal did.
 #[derive(Clone, Debug, serde::Serialize, PartialEq, Eq)]

@@ -19,9 +19,9 @@ use crate::bounded::{MAX_LISTED_OBJECTS, MAX_MANIFEST_BYTES, MAX_RECORD_BYTES, l
 use crate::digest::{Digest, verify_digest};
 use crate::error::{Error, Result};
 use crate::layout::{self, Prefix, TrashKey, trash_manifest_key, trash_record_key};
-use crate::lease::{WriterLease, with_writer_lease};
 use crate::manifest::Manifest;
 use crate::store::ChunkStore;
+use crate::writer_lease::{WriterLease, with_writer_lease};
 
 /// Default time a deleted version stays restorable (7 days).
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);

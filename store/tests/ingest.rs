@@ -147,7 +147,7 @@ async fn ingest_matches_push_on_local_file_store() {
     assert!(store.has_manifest(&ingested.digest).await.unwrap());
     // The lease is gone once sealed.
     assert!(
-        sealed_store::lease::list_leases(&store)
+        sealed_store::writer_lease::list_leases(&store)
             .await
             .unwrap()
             .is_empty()
@@ -245,7 +245,7 @@ async fn bad_streams_seal_nothing() {
     ingest.abort().await;
     assert!(store.list_versions().await.unwrap().is_empty());
     assert!(
-        sealed_store::lease::list_leases(&store)
+        sealed_store::writer_lease::list_leases(&store)
             .await
             .unwrap()
             .is_empty()
