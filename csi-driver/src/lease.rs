@@ -19,8 +19,8 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 use sealed_crds::publications::{ANNOTATION, LABEL, NodePublications, Publication, RENEW_SECONDS};
 
+use crate::driver::Driver;
 use crate::error::CsiError;
-use crate::state::Driver;
 
 /// How long a publish or unpublish waits for its Lease write; a slower one goes on in the
 /// background.

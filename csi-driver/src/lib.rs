@@ -1,7 +1,7 @@
 //! CSI node plugin for Sealed Volumes.
 //!
 //! Shaped like csi-driver-host-path: one file per CSI service ([`identity`], [`node`]), the
-//! driver state apart from the gRPC layer ([`state`]: its publish/unpublish and restart
+//! driver state apart from the gRPC layer ([`driver`]: its publish/unpublish and restart
 //! recovery, with the kernel calls in [`mounts`], the on-disk records in [`records`] and the
 //! fd holder behind [`holder`]), and errors mapped to gRPC status codes in one place
 //! ([`error`]). [`server`] serves the sockets, [`plugin`] runs the whole lifecycle for
@@ -11,6 +11,7 @@ pub mod attest;
 pub mod authority;
 pub mod cold_start;
 pub mod digest_locks;
+pub mod driver;
 pub mod error;
 pub mod gpu;
 pub mod holder;
@@ -27,14 +28,13 @@ pub mod proto;
 pub mod records;
 pub mod registration;
 pub mod server;
-pub mod state;
 pub mod state_dir;
 pub mod store_slot;
 pub mod targets;
 pub mod warm;
 
+pub use driver::{Driver, DriverConfig};
 pub use error::CsiError;
 pub use identity::{DRIVER_NAME, IdentityService};
 pub use kube_access::KubeAccess;
 pub use node::NodeService;
-pub use state::{Driver, DriverConfig};

@@ -139,7 +139,7 @@ struct Args {
     /// Seconds a restarted plugin keeps trying the store for the manifest of a held mount
     /// it has no copy of (readers of that mount wait meanwhile); then the mount's connection
     /// is aborted, so its readers get an error
-    #[arg(long, default_value_t = sealed_csi::state::DEFAULT_RESUME_DEADLINE.as_secs(),
+    #[arg(long, default_value_t = sealed_csi::driver::DEFAULT_RESUME_DEADLINE.as_secs(),
           value_parser = clap::value_parser!(u64).range(0..=86_400))]
     resume_deadline: u64,
     /// Serve Prometheus /metrics and /healthz over HTTP on this address (e.g. 0.0.0.0:9809);

@@ -10,6 +10,7 @@ use sealed_store::Digest;
 use sealed_store::profile::ProfileScope;
 use tonic::{Request, Response, Status};
 
+use crate::driver::{Driver, Publish};
 use crate::error::CsiError;
 use crate::kube_access::{KubeAccess, PodInfo};
 use crate::lease::Reporter;
@@ -27,7 +28,6 @@ use crate::proto::csi::{
     NodeUnstageVolumeRequest, NodeUnstageVolumeResponse, VolumeCapability, VolumeUsage,
 };
 use crate::server;
-use crate::state::{Driver, Publish};
 
 pub use sealed_crds::csi::{
     DIGEST_ATTRIBUTE, EPHEMERAL_ATTRIBUTE, LEARNED_PREFETCH_ATTRIBUTE, PREFETCH_ATTRIBUTE,

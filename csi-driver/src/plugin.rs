@@ -16,13 +16,13 @@ use anyhow::Context as _;
 use sealed_mount::{MountOptions, NodeCache, NodeCacheOptions};
 
 use crate::attest::SecretRef;
+use crate::driver::{Driver, DriverConfig};
 use crate::error::CsiError;
 use crate::gpu::GpuExclusion;
 use crate::identity::DRIVER_NAME;
 use crate::kube_access::{AttestationConfig, KubeAccess};
 use crate::lease::{PublicationsLease, Reporter};
 use crate::metrics::Health;
-use crate::state::{Driver, DriverConfig};
 use crate::{registration, server, state_dir};
 
 /// Everything the plugin is started with (`sealed-csi`'s flags).

@@ -11,13 +11,13 @@ use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::authority;
+use crate::driver::Driver;
 use crate::identity::IdentityService;
 use crate::kube_access::KubeAccess;
 use crate::lease::Reporter;
 use crate::node::NodeService;
 use crate::proto::{csi, pluginregistration};
 use crate::registration::RegistrationService;
-use crate::state::Driver;
 
 /// The socket path of a `unix:///path` (or `unix:/path`, or plain path) endpoint.
 pub fn socket_path(endpoint: &str) -> anyhow::Result<PathBuf> {

@@ -36,8 +36,8 @@ use sealed_mount::{MountLimits, NodeCache};
 use sealed_peer::{Ring, RingView};
 use sealed_store::{ChunkRef, ChunkStore, Digest, Manifest};
 
+use crate::driver::Driver;
 use crate::kube_access::KubeAccess;
-use crate::state::Driver;
 
 /// Chunk fetches one warming has in flight (readers keep the rest of the fetch slots).
 pub const WARM_CONCURRENCY: usize = 8;
