@@ -46,12 +46,6 @@ impl FuseAdapter {
     /// and privileges allow (`crate::passthrough`); false serves every read in the daemon.
     /// `io_mode_record`: where a restartable mount records its inodes' io modes for the
     /// server that resumes it (`crate::io_modes`).
-    /// How many FUSE workers an open may block while it waits for the check of its file's
-    /// copy on disk (`crate::verify`).
-    pub(crate) fn set_open_waiters(&self, n: usize) {
-        self.passthrough.set_max_waiting(n);
-    }
-
     pub fn with_passthrough(
         fs: Arc<SealedFs>,
         runtime: Handle,

@@ -79,8 +79,9 @@ pub struct MountMetrics {
     pub files_verified: AtomicU64,
     pub verified_bytes: AtomicU64,
     pub verify_micros: AtomicU64,
-    /// Opens of a file whose copy on disk was not verified in time (`verify::OPEN_WAIT`):
-    /// served by the daemon, chunk by chunk, instead of by passthrough.
+    /// Opens of a file whose copy on disk this process had not verified yet: served by the
+    /// daemon at once, every chunk verified as it is read, while the copy's check runs in the
+    /// background (`crate::verify`), instead of by passthrough.
     pub unverified_opens: AtomicU64,
     /// The background scrub of the disk cache: entries hashed again, their bytes, and those
     /// found damaged (dropped and fetched again; also in `verification_failures`).

@@ -16,9 +16,11 @@
 //! may still be open. With no record to inherit, a resumed process serves every read itself.
 //!
 //! Only a copy this process verified is registered (`crate::verify`): an open of a copy found
-//! on disk and not yet checked waits for its check (at most `verify::OPEN_WAIT`, and only
-//! while a FUSE worker stays free for other requests), and is daemon-served if the check is
-//! not done by then or failed. An inode whose backing copy was dropped as damaged since it
+//! on disk and not yet checked does not wait for its check. It starts (or joins) the check in
+//! the background and is daemon-served at once, every chunk read from the copy verified
+//! against its digest in the manifest (a damaged chunk is fetched again through the tiers, or
+//! EIO); opens of the inode after its daemon-served handles closed and the check matched are
+//! passthrough. An inode whose backing copy was dropped as damaged since it
 //! was registered fails new opens with EIO until its last handle closes: the kernel would
 //! serve them from the damaged file, and offers no way to swap it under open handles.
 //!
@@ -30,7 +32,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use fuser::{BackingId, FileHandle, FopenFlags, ReplyOpen};
 use parking_lot::Mutex;
@@ -82,10 +84,6 @@ pub(crate) struct Passthrough {
     /// Where a restartable mount records its inodes' modes.
     record: Option<IoModeRecord>,
     warned: AtomicBool,
-    /// Opens waiting for the check of their copy now, and how many may (FUSE workers are
-    /// blocked meanwhile: one is always left for other requests).
-    waiting: AtomicUsize,
-    max_waiting: AtomicUsize,
 }
 
 impl Passthrough {
@@ -96,38 +94,24 @@ impl Passthrough {
             handles: Mutex::new(HashMap::new()),
             record,
             warned: AtomicBool::new(false),
-            waiting: AtomicUsize::new(0),
-            max_waiting: AtomicUsize::new(0),
         }
-    }
-
-    /// Opens may block this many FUSE worker threads while they wait for a copy's check.
-    pub fn set_max_waiting(&self, n: usize) {
-        self.max_waiting.store(n, Ordering::Relaxed);
     }
 
     /// Before an open of `ino` that sets the inode's mode: if its file has a copy on disk
-    /// this process has not verified, starts (or joins) its check and waits for it, bounded.
-    fn await_check(&self, fs: &SealedFs, ino: u64) {
+    /// this process has not verified, starts (or joins) its check in the background, and
+    /// returns at once; true if there was such a copy (this open is daemon-served, unless
+    /// the check is done by the time the mode is chosen).
+    fn start_check(&self, fs: &SealedFs, ino: u64) -> bool {
         let Some(copy) = fs.hydrated_copy(ino) else {
-            return;
+            return false;
         };
         if copy.verified {
-            return;
+            return false;
         }
         let cache = fs.cache();
-        let check = cache.integrity().verify(cache, copy.key);
-        let max = self.max_waiting.load(Ordering::Relaxed);
-        let waited = if self.waiting.fetch_add(1, Ordering::AcqRel) < max {
-            check.wait(Some(crate::verify::OPEN_WAIT))
-        } else {
-            None
-        };
-        self.waiting.fetch_sub(1, Ordering::AcqRel);
-        if waited.is_none() {
-            // Served by the daemon, every chunk verified; later opens find the check done.
-            MountMetrics::inc(&fs.metrics().unverified_opens);
-        }
+        // Not waited for: the daemon serves this open, every chunk verified as it is read.
+        drop(cache.integrity().verify(cache, copy.key));
+        true
     }
 
     pub fn wanted(&self) -> bool {
@@ -232,10 +216,9 @@ impl Passthrough {
         // The kernel refuses (EIO) a passthrough open with any flag outside
         // FOPEN_PASSTHROUGH_MASK, KEEP_CACHE included: the page cache is the backing file's.
         let passthrough = FopenFlags::empty();
-        // Waits, if it must, before the inode's mode is looked at: not under the lock.
-        if self.wanted() && !self.inodes.lock().contains_key(&ino) {
-            self.await_check(fs, ino);
-        }
+        // A copy not yet checked starts its check (a thread of its own), not under the lock.
+        let unchecked =
+            self.wanted() && !self.inodes.lock().contains_key(&ino) && self.start_check(fs, ino);
         let mut inodes = self.inodes.lock();
         match inodes.get_mut(&ino) {
             Some(InodeIo::Passthrough {
@@ -336,6 +319,11 @@ impl Passthrough {
                     }
                 }
             }
+        }
+        if unchecked && fs.hydrated_copy(ino).is_some_and(|c| !c.verified) {
+            // Served by the daemon while the copy's check runs: every chunk is read from the
+            // copy and verified against the manifest's digest before it is served.
+            MountMetrics::inc(&fs.metrics().unverified_opens);
         }
         inodes.insert(
             ino,

@@ -470,8 +470,6 @@ fn prepare(
         options.passthrough,
         options.io_mode_record.as_deref(),
     );
-    // An open waiting for a copy's check blocks its worker: one is left for the rest.
-    adapter.set_open_waiters(options.threads.saturating_sub(1));
 
     let mut config = Config::default();
     config.mount_options = vec![

@@ -9,8 +9,10 @@
 //! - a mount's **walker** hashes its version's unverified copies one after another as soon as
 //!   the mount is up (multi-threaded BLAKE3 over an mmap, which also fills the page cache the
 //!   reader is about to use): by the time a loader opens a file its check is done or under way;
-//! - an **open** of an unverified copy waits for its check (joining the walker's) for at most
-//!   [`OPEN_WAIT`], then goes passthrough if it matched, daemon-served otherwise;
+//! - an **open** of an unverified copy starts its check (or joins the walker's) and does not
+//!   wait for it: it is daemon-served at once, every chunk read from the copy verified against
+//!   the manifest as the lazy path does; opens after the check matched (and the inode's
+//!   daemon-served handles closed: one mode per inode) are passthrough;
 //! - the **scrub** re-hashes everything the cache holds, paced to a rate in bytes per second,
 //!   reading around the page cache (`O_DIRECT`), so that damage after a check is found.
 //!
@@ -31,9 +33,6 @@ use crate::cache::{Checked, Hashing, Key};
 use crate::fetch::{NodeCache, WeakNodeCache};
 use crate::fs::SealedFs;
 use crate::metrics::MountMetrics;
-
-/// The longest an open waits for the check of its file's copy before it is daemon-served.
-pub(crate) const OPEN_WAIT: Duration = Duration::from_secs(5);
 
 /// Checks of copies this large are logged at info.
 const LOGGED_BYTES: u64 = 64 << 20;
@@ -93,22 +92,14 @@ impl Check {
         self.done.notify_all();
     }
 
-    /// True if the copy matched, false if it did not (or is gone); `None` if `limit` passed.
-    pub(crate) fn wait(&self, limit: Option<Duration>) -> Option<bool> {
-        let deadline = limit.map(|l| Instant::now() + l);
+    /// Waits for the check: true if the copy matched, false if it did not (or is gone).
+    pub(crate) fn wait(&self) -> bool {
         let mut outcome = self.outcome.lock();
         loop {
             if let Some(good) = *outcome {
-                return Some(good);
+                return good;
             }
-            match deadline {
-                Some(at) => {
-                    if self.done.wait_until(&mut outcome, at).timed_out() {
-                        return *outcome;
-                    }
-                }
-                None => self.done.wait(&mut outcome),
-            }
+            self.done.wait(&mut outcome);
         }
     }
 }
@@ -259,7 +250,7 @@ pub(crate) fn walk_mount(fs: &Arc<SealedFs>) {
                 let Some(fs) = weak.upgrade() else { return };
                 let cache = fs.cache().clone();
                 drop(fs);
-                cache.integrity().verify(&cache, key).wait(None);
+                cache.integrity().verify(&cache, key).wait();
             }
         });
     if let Err(e) = spawned {
