@@ -1,5 +1,11 @@
 //! Verified chunk fetch through the tiers, one fetch per chunk however many readers want it.
 //!
+//! One entry point, [`NodeCache::fetch`]: the verified bytes of a chunk for a [`Request`] that
+//! says why it is wanted ([`Want`]: a reader, readahead, prefetch, a peer, an assembly), which
+//! decides the tiers asked (memory, disk, peers, origin; a peer's request never goes back to
+//! the peer tier), whether memory keeps the bytes, and what is counted. The public `get`,
+//! `serve_peer`, `prefetch` are that entry point with a fixed request.
+//!
 //! Retries of what a mount reads from the store (chunks, and the manifest `spawn` fetches)
 //! are this module's, by [`FetchPolicy`]: per attempt, with backoff, counted, cut short by
 //! the breaker and bounded by [`FetchPolicy::worst_case`]. The store a mount reads through
@@ -20,6 +26,7 @@ use bytes::Bytes;
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use parking_lot::Mutex;
+use sealed_store::retry::RetryPolicy;
 use sealed_store::{ChunkRef, ChunkStore, Digest, Error as StoreError, StoreOptions};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
@@ -41,7 +48,9 @@ pub struct FetchPolicy {
     /// Further attempts after a timeout or a backend error (not after a missing or corrupt
     /// chunk: those are answers, not accidents).
     pub retries: u32,
-    /// First pause between attempts; doubles each time, capped at 2 s.
+    /// Bound on the first pause between attempts; the bound doubles each time, up to 2 s.
+    /// Each pause is drawn in the upper half of its bound (jittered: `sealed_store::retry`),
+    /// so that a fleet whose store failed at one instant does not retry in lockstep.
     pub backoff: Duration,
     /// Circuit breaker: after a fetch from a store fails by timeout or backend error (after
     /// its retries), fetches from that store fail at once (EIO) for this long, then one probe
@@ -89,12 +98,89 @@ impl FetchPolicy {
     pub fn worst_case(&self) -> Duration {
         let attempts = self.retries.saturating_add(1);
         let mut total = self.attempt_timeout.saturating_mul(attempts);
-        let mut pause = self.backoff;
+        let pauses = self.pauses();
+        // Pause n is below min(2^(n+1) * first, cap) (`RetryPolicy`).
+        let mut bound = pauses.first().saturating_mul(2);
         for _ in 0..self.retries.min(1000) {
-            total = total.saturating_add(pause.min(Duration::from_secs(2)));
-            pause = pause.saturating_mul(2);
+            total = total.saturating_add(bound.min(pauses.cap()));
+            bound = bound.saturating_mul(2);
         }
         total
+    }
+
+    /// The jittered pauses between attempts: pause n in `[b/2, b)` for the bound
+    /// `b = min(backoff * 2^n, 2 s)` (the unjittered schedule this replaced paused `b`).
+    pub(crate) fn pauses(&self) -> RetryPolicy {
+        RetryPolicy::new(self.backoff / 2, MAX_PAUSE)
+    }
+}
+
+/// The bound on one pause between attempts.
+const MAX_PAUSE: Duration = Duration::from_secs(2);
+
+/// Why a chunk is wanted: which tiers a fetch of it asks, whether memory keeps its bytes,
+/// and what is counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Want {
+    /// A reader's read: memory, disk, peers, origin; the bytes stay in memory for the reads
+    /// that follow; memory hits and misses are counted.
+    Reader,
+    /// Sequential readahead for a reader: as a reader, started ahead of it.
+    Readahead,
+    /// Prefetch (a model's tensors, a file before assembly): disk, peers, origin, into the
+    /// disk cache; memory keeps it only without a disk tier, so readers' chunks stay there.
+    Prefetch,
+    /// Another node asked this one (its owner): memory, disk, origin, never the peer tier (a
+    /// request never bounces between nodes whose views of the membership differ); the bytes
+    /// land on disk, not in memory, which is this node's readers'.
+    Peer,
+    /// Assembling a whole file on disk (`crate::hydrate`): memory, disk, peers, origin,
+    /// without filling memory.
+    Assembly,
+}
+
+impl Want {
+    fn route(self) -> Route {
+        match self {
+            Want::Peer => Route::OriginOnly,
+            _ => Route::PeersThenOrigin,
+        }
+    }
+}
+
+/// A request for a chunk's verified bytes ([`NodeCache::fetch`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Request<'a> {
+    pub want: Want,
+    /// Starting a fetch (not joining one, not a memory hit) first takes a slot of these,
+    /// held until it ends: a mount's bound on its fetches in flight.
+    pub slots: Option<&'a Arc<Semaphore>>,
+    /// The cold start of the mount that asked: counts the chunk by the tier that fetched it
+    /// when this request starts the fetch, as memory otherwise.
+    pub tally: Option<&'a Arc<ColdStart>>,
+}
+
+impl<'a> Request<'a> {
+    pub(crate) fn new(want: Want) -> Self {
+        Request {
+            want,
+            slots: None,
+            tally: None,
+        }
+    }
+
+    pub(crate) fn slots(self, slots: &'a Arc<Semaphore>) -> Self {
+        Request {
+            slots: Some(slots),
+            ..self
+        }
+    }
+
+    pub(crate) fn tally(self, tally: &'a Arc<ColdStart>) -> Self {
+        Request {
+            tally: Some(tally),
+            ..self
+        }
     }
 }
 
@@ -276,13 +362,7 @@ impl NodeCache {
         store: &ChunkStore,
         chunk: &ChunkRef,
     ) -> Result<Bytes, FetchError> {
-        if let Some(data) = self.inner.memory.get(&chunk.digest) {
-            return self.checked_len(chunk, data);
-        }
-        let data = self
-            .flight(store, chunk, false, None, Route::OriginOnly)
-            .await?;
-        self.checked_len(chunk, data)
+        self.fetch(store, chunk, Request::new(Want::Peer)).await
     }
 
     /// Warming (the node plugin's `spec.warm`): the chunk verified from the origin into the
@@ -361,13 +441,7 @@ impl NodeCache {
         store: &ChunkStore,
         chunk: &ChunkRef,
     ) -> Result<Bytes, FetchError> {
-        if let Some(data) = self.inner.memory.get(&chunk.digest) {
-            return self.checked_len(chunk, data);
-        }
-        let data = self
-            .flight(store, chunk, false, None, Route::PeersThenOrigin)
-            .await?;
-        self.checked_len(chunk, data)
+        self.fetch(store, chunk, Request::new(Want::Assembly)).await
     }
 
     pub(crate) fn budget(&self) -> &ReadaheadBudget {
@@ -388,7 +462,7 @@ impl NodeCache {
         digest: &Digest,
     ) -> Result<Bytes, StoreError> {
         let policy = self.inner.policy;
-        let mut pause = policy.backoff;
+        let mut pauses = policy.pauses().schedule();
         let attempts = policy.retries.saturating_add(1);
         let mut attempt = 1;
         loop {
@@ -411,8 +485,7 @@ impl NodeCache {
                 return Err(error);
             }
             tracing::warn!(%digest, attempt, error = %error, "manifest fetch failed");
-            tokio::time::sleep(pause).await;
-            pause = pause.saturating_mul(2).min(Duration::from_secs(2));
+            tokio::time::sleep(pauses.next_delay()).await;
             attempt += 1;
         }
     }
@@ -423,85 +496,63 @@ impl NodeCache {
     /// Whatever tier they come from, the bytes are as long as `chunk` declares: a manifest
     /// whose lengths lie is an error ([`FetchError::WrongLength`], EIO), never short bytes.
     pub async fn get(&self, store: &ChunkStore, chunk: &ChunkRef) -> Result<Bytes, FetchError> {
-        self.get_with(store, chunk, None).await
+        self.fetch(store, chunk, Request::new(Want::Reader)).await
     }
 
-    /// [`NodeCache::get`], where starting a fetch (not joining one, not a memory hit) first
-    /// takes a slot of `slots`, held until the fetch ends: a mount's bound on its fetches
-    /// in flight.
-    pub(crate) async fn get_with(
+    /// The verified bytes of a chunk for `request`, from the first tier that has them:
+    /// memory, disk, peers (unless a peer asked), origin, joining a fetch of the chunk in
+    /// flight. Every byte is verified against the chunk's digest (by the disk tier as it
+    /// reads, here for a peer's, by the store for the origin's) and its declared length.
+    pub(crate) async fn fetch(
         &self,
         store: &ChunkStore,
         chunk: &ChunkRef,
-        slots: Option<&Arc<Semaphore>>,
+        request: Request<'_>,
     ) -> Result<Bytes, FetchError> {
-        self.get_for(store, chunk, slots, None).await
-    }
-
-    /// [`NodeCache::get_with`] for a mount whose cold start `tally` counts the chunk: by the
-    /// tier that fetched it when this call starts the fetch, as memory otherwise.
-    pub(crate) async fn get_for(
-        &self,
-        store: &ChunkStore,
-        chunk: &ChunkRef,
-        slots: Option<&Arc<Semaphore>>,
-        tally: Option<&Arc<ColdStart>>,
-    ) -> Result<Bytes, FetchError> {
+        let Request { want, slots, tally } = request;
+        // Readers' memory hits and misses are the metrics'; the background's are not.
+        let reader = matches!(want, Want::Reader | Want::Readahead);
         let digest = &chunk.digest;
         let metrics = &self.inner.metrics;
         let started = Instant::now();
         if let Some(data) = self.inner.memory.get(digest) {
-            MountMetrics::inc(&metrics.memory_hits);
-            metrics.observe_fetch(Tier::Memory, started.elapsed());
+            if reader {
+                MountMetrics::inc(&metrics.memory_hits);
+                metrics.observe_fetch(Tier::Memory, started.elapsed());
+            }
             if let Some(t) = tally {
                 t.record_chunk(Tier::Memory, data.len() as u64);
             }
             return self.checked_len(chunk, data);
         }
-        MountMetrics::inc(&metrics.memory_misses);
+        if reader {
+            MountMetrics::inc(&metrics.memory_misses);
+        }
         let joined = self.inner.inflight.lock().get(digest).cloned();
-        let data = match (joined, slots) {
-            (Some(flight), _) => {
+        let data = match joined {
+            Some(flight) => {
                 let data = flight.await?;
                 if let Some(t) = tally {
                     t.record_chunk(Tier::Memory, data.len() as u64);
                 }
                 data
             }
-            (None, Some(slots)) => {
-                let slot =
-                    slots
-                        .clone()
-                        .acquire_owned()
-                        .await
-                        .map_err(|_| FetchError::Internal {
+            None => {
+                let slot = match slots {
+                    Some(slots) => Some(slots.clone().acquire_owned().await.map_err(|_| {
+                        FetchError::Internal {
                             digest: *digest,
                             reason: "the mount's fetch slots are closed".into(),
-                        })?;
-                self.flight_for(
-                    store,
-                    chunk,
-                    true,
-                    Some(slot),
-                    Route::PeersThenOrigin,
-                    tally.cloned(),
-                )
-                .await?
-            }
-            (None, None) => {
-                self.flight_for(
-                    store,
-                    chunk,
-                    true,
-                    None,
-                    Route::PeersThenOrigin,
-                    tally.cloned(),
-                )
-                .await?
+                        }
+                    })?),
+                    None => None,
+                };
+                self.flight(store, chunk, want, slot, tally.cloned())
+                    .await?
             }
         };
-        // A flight started by `prefetch` does not fill memory; this reader wants it there.
-        if !self.inner.memory.contains(digest) {
+        // A flight started by a prefetch does not fill memory; a reader wants it there.
+        if reader && !self.inner.memory.contains(digest) {
             self.inner.memory.put(digest, &data);
         }
         self.checked_len(chunk, data)
@@ -512,12 +563,10 @@ impl NodeCache {
     pub async fn prefetch(&self, store: &ChunkStore, chunk: &ChunkRef) -> Result<(), FetchError> {
         match &self.inner.disk {
             Some(disk) if disk.contains(&chunk.digest) => Ok(()),
-            Some(_) => {
-                let data = self
-                    .flight(store, chunk, false, None, Route::PeersThenOrigin)
-                    .await?;
-                self.checked_len(chunk, data).map(drop)
-            }
+            Some(_) => self
+                .fetch(store, chunk, Request::new(Want::Prefetch))
+                .await
+                .map(drop),
             None => self.get(store, chunk).await.map(drop),
         }
     }
@@ -546,32 +595,27 @@ impl NodeCache {
         }
     }
 
-    /// Joins the fetch of `digest` in flight, or starts one (disk, then peers if `route`
-    /// allows, then store). A fetch it starts holds `slot` until readers have their answer;
-    /// joining drops it at once. (A peer's request that joins a local flight bound for the
-    /// peer tier waits at most that tier's bound before the flight falls back to the origin.)
+    /// Joins the fetch of `chunk` in flight, or starts one (disk, then peers unless `want` is
+    /// a peer's, then the store), filling memory if `want` keeps its bytes there. A fetch it
+    /// starts holds `slot` until readers have their answer, and counts its bytes in `tally`
+    /// (the cold start of the mount that asked) by the tier that answered; joining drops the
+    /// slot at once. (A peer's request that joins a local flight bound for the peer tier waits
+    /// at most that tier's bound before the flight falls back to the origin.) What
+    /// [`NodeCache::fetch`] and readahead, which does not wait for it, start.
     pub(crate) fn flight(
         &self,
         store: &ChunkStore,
         chunk: &ChunkRef,
-        into_memory: bool,
+        want: Want,
         slot: Option<OwnedSemaphorePermit>,
-        route: Route,
-    ) -> impl Future<Output = Result<Bytes, FetchError>> + use<> {
-        self.flight_for(store, chunk, into_memory, slot, route, None)
-    }
-
-    /// [`NodeCache::flight`], where a fetch it starts counts its bytes in `tally` (the cold
-    /// start of the mount that asked), by the tier that answered.
-    pub(crate) fn flight_for(
-        &self,
-        store: &ChunkStore,
-        chunk: &ChunkRef,
-        into_memory: bool,
-        slot: Option<OwnedSemaphorePermit>,
-        route: Route,
         tally: Option<Arc<ColdStart>>,
     ) -> impl Future<Output = Result<Bytes, FetchError>> + use<> {
+        let route = want.route();
+        let into_memory = match want {
+            Want::Reader | Want::Readahead => true,
+            Want::Prefetch => self.inner.disk.is_none(),
+            Want::Peer | Want::Assembly => false,
+        };
         let mut inflight = self.inner.inflight.lock();
         if let Some(flight) = inflight.get(&chunk.digest) {
             return flight.clone();
@@ -815,7 +859,7 @@ impl NodeCache {
     async fn attempts(&self, store: &ChunkStore, digest: &Digest) -> Result<Bytes, Attempts> {
         let policy = self.inner.policy;
         let metrics = &self.inner.metrics;
-        let mut pause = policy.backoff;
+        let mut pauses = policy.pauses().schedule();
         let mut last = None;
         for attempt in 1..=policy.retries.saturating_add(1) {
             let started = Instant::now();
@@ -880,8 +924,7 @@ impl NodeCache {
             tracing::warn!(%digest, attempt, error = %error, "chunk fetch failed");
             last = Some(error);
             if attempt <= policy.retries {
-                tokio::time::sleep(pause).await;
-                pause = pause.saturating_mul(2).min(Duration::from_secs(2));
+                tokio::time::sleep(pauses.next_delay()).await;
             }
         }
         Err(Attempts::Failed(last.unwrap_or(FetchError::Internal {
@@ -920,5 +963,210 @@ impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         MountMetrics::sub(&self.metrics.bytes_in_flight, self.bytes);
         MountMetrics::sub(&self.metrics.fetches_in_flight, 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The fetch core against real tiers: an in-memory object store (`object_store`'s), a
+    //! disk tier in a temporary directory, and a peer tier that lies.
+
+    use std::sync::atomic::AtomicU32;
+
+    use super::*;
+
+    fn chunk_of(data: &[u8]) -> ChunkRef {
+        ChunkRef {
+            digest: Digest::of(data),
+            len: u32::try_from(data.len()).unwrap(),
+        }
+    }
+
+    async fn store_with(data: &[u8]) -> (ChunkStore, ChunkRef) {
+        let store = ChunkStore::memory();
+        let chunk = chunk_of(data);
+        store
+            .put_chunk(&chunk.digest, Bytes::copy_from_slice(data))
+            .await
+            .unwrap();
+        (store, chunk)
+    }
+
+    fn cache_on(dir: Option<&std::path::Path>) -> NodeCache {
+        NodeCache::new(&NodeCacheOptions {
+            disk_dir: dir.map(|d| d.to_path_buf()),
+            disk_bytes: 64 << 20,
+            memory_bytes: 16 << 20,
+            ..NodeCacheOptions::default()
+        })
+        .unwrap()
+    }
+
+    /// A peer tier that answers every ask with the same wrong bytes, and counts the asks.
+    #[derive(Default)]
+    struct LyingPeers {
+        asks: AtomicU32,
+    }
+
+    impl PeerTier for LyingPeers {
+        fn fetch(&self, chunk: ChunkRef) -> BoxFuture<'static, PeerAnswer> {
+            self.asks.fetch_add(1, Ordering::Relaxed);
+            let wrong = vec![0x5a; chunk.len as usize];
+            async move { PeerAnswer::Chunk(Bytes::from(wrong)) }.boxed()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reader_gets_the_chunk_from_memory_disk_or_origin_in_that_order() {
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let (store, chunk) = store_with(&data).await;
+        let dir = tempfile::tempdir().unwrap();
+
+        let cache = cache_on(Some(dir.path()));
+        let got = cache.get(&store, &chunk).await.unwrap();
+        assert_eq!(got, data);
+        let s = cache.metrics().snapshot();
+        assert_eq!((s.store_fetches, s.memory_misses, s.disk_misses), (1, 1, 1));
+        // Again: memory.
+        assert_eq!(cache.get(&store, &chunk).await.unwrap(), data);
+        let s = cache.metrics().snapshot();
+        assert_eq!((s.store_fetches, s.memory_hits), (1, 1));
+        cache.flush().await;
+
+        // A new process on the same disk: the disk tier, verified, no store fetch.
+        let cache = cache_on(Some(dir.path()));
+        assert_eq!(cache.get(&store, &chunk).await.unwrap(), data);
+        let s = cache.metrics().snapshot();
+        assert_eq!((s.store_fetches, s.disk_hits), (0, 1));
+    }
+
+    #[tokio::test]
+    async fn a_peers_wrong_bytes_are_never_served_and_a_peer_is_never_asked_for_a_peer() {
+        let data = vec![7u8; 100_000];
+        let (store, chunk) = store_with(&data).await;
+
+        // A reader: the lying peer is asked, caught, and the origin serves.
+        let cache = cache_on(None);
+        let peers = Arc::new(LyingPeers::default());
+        assert!(cache.set_peers(peers.clone()));
+        assert_eq!(cache.get(&store, &chunk).await.unwrap(), data);
+        assert_eq!(peers.asks.load(Ordering::Relaxed), 1);
+        let s = cache.metrics().snapshot();
+        assert_eq!(
+            (s.peer_corrupt, s.verification_failures, s.store_fetches),
+            (1, 1, 1)
+        );
+
+        // Another node's request: origin only, and memory is left to this node's readers.
+        let cache = cache_on(None);
+        let peers = Arc::new(LyingPeers::default());
+        assert!(cache.set_peers(peers.clone()));
+        assert_eq!(cache.serve_peer(&store, &chunk).await.unwrap(), data);
+        assert_eq!(peers.asks.load(Ordering::Relaxed), 0);
+        assert!(!cache.inner.memory.contains(&chunk.digest));
+        assert_eq!(cache.metrics().snapshot().store_fetches, 1);
+    }
+
+    #[tokio::test]
+    async fn prefetch_and_assembly_fill_the_disk_not_memory() {
+        let data = vec![3u8; 200_000];
+        let (store, chunk) = store_with(&data).await;
+        let dir = tempfile::tempdir().unwrap();
+        let cache = cache_on(Some(dir.path()));
+        cache.prefetch(&store, &chunk).await.unwrap();
+        cache.flush().await;
+        assert!(cache.on_disk(&chunk.digest));
+        assert!(
+            !cache.inner.memory.contains(&chunk.digest),
+            "a prefetch filled memory"
+        );
+        // The flight leaves the table just after its disk write.
+        let started = Instant::now();
+        while cache.is_hot(&chunk.digest) {
+            assert!(started.elapsed() < Duration::from_secs(10));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let got = cache
+            .fetch(&store, &chunk, Request::new(Want::Assembly))
+            .await
+            .unwrap();
+        assert_eq!(got, data);
+        assert!(
+            !cache.inner.memory.contains(&chunk.digest),
+            "an assembly filled memory"
+        );
+        let s = cache.metrics().snapshot();
+        assert_eq!((s.store_fetches, s.disk_hits), (1, 1));
+        // Neither counts as a reader's memory miss.
+        assert_eq!(s.memory_misses, 0);
+    }
+
+    #[tokio::test]
+    async fn a_lying_length_and_a_missing_chunk_are_answers_at_once() {
+        let data = vec![1u8; 50_000];
+        let (store, chunk) = store_with(&data).await;
+        let cache = NodeCache::new(&NodeCacheOptions {
+            fetch: FetchPolicy {
+                retries: 3,
+                backoff: Duration::from_secs(1),
+                ..FetchPolicy::default()
+            },
+            ..NodeCacheOptions::default()
+        })
+        .unwrap();
+        let longer = ChunkRef {
+            len: chunk.len + 1,
+            ..chunk
+        };
+        assert!(matches!(
+            cache.get(&store, &longer).await,
+            Err(FetchError::WrongLength { .. })
+        ));
+        // Not retried: a missing chunk is the store's answer, not its failure.
+        let started = Instant::now();
+        let absent = chunk_of(b"not in the store");
+        assert!(matches!(
+            cache.get(&store, &absent).await,
+            Err(FetchError::Missing { .. })
+        ));
+        assert!(started.elapsed() < Duration::from_millis(500));
+        assert_eq!(cache.metrics().snapshot().store_errors, 1);
+    }
+
+    /// The pauses between attempts are jittered (two schedules differ) and stay within the
+    /// unjittered schedule they replaced: pause n in [b/2, b), b = min(200 ms * 2^n, 2 s),
+    /// so `worst_case` and the documented read bound hold.
+    #[test]
+    fn retry_pauses_are_jittered_within_the_documented_bound() {
+        let policy = FetchPolicy::default();
+        let a: Vec<Duration> = policy.pauses().schedule_seeded(1).take(8).collect();
+        let b: Vec<Duration> = policy.pauses().schedule_seeded(2).take(8).collect();
+        assert_ne!(a, b, "two nodes' retries in lockstep");
+        for pauses in [&a, &b] {
+            let mut bound = policy.backoff;
+            for (n, pause) in pauses.iter().enumerate() {
+                let cap = bound.min(MAX_PAUSE);
+                assert!(
+                    *pause >= cap / 2 && *pause < cap,
+                    "pause {n} = {pause:?} outside [{:?}, {cap:?})",
+                    cap / 2
+                );
+                bound = bound.saturating_mul(2);
+            }
+        }
+        // docs/mount.md: `--timeout 3 --retries 1` gives 6.2 s.
+        let documented = FetchPolicy {
+            attempt_timeout: Duration::from_secs(3),
+            retries: 1,
+            ..FetchPolicy::default()
+        };
+        assert_eq!(documented.worst_case(), Duration::from_millis(6200));
+        let many = FetchPolicy {
+            attempt_timeout: Duration::from_secs(1),
+            retries: 5,
+            ..FetchPolicy::default()
+        };
+        // 6 s of attempts + 0.2 + 0.4 + 0.8 + 1.6 + 2 s of pauses.
+        assert_eq!(many.worst_case(), Duration::from_millis(11_000));
     }
 }

@@ -13,12 +13,11 @@ use tokio::sync::Semaphore;
 
 use crate::cold_start::ColdStart;
 use crate::error::{FetchError, FsError};
-use crate::fetch::NodeCache;
+use crate::fetch::{NodeCache, Request, Want};
 use crate::learned::{ProfileRecorder, ReplayWatch};
 use crate::limits::MountLimits;
 use crate::link::Link;
 use crate::metrics::MountMetrics;
-use crate::peer::Route;
 use crate::prefetch::ModelPrefetch;
 use crate::readahead::{Readahead, ReadaheadPolicy};
 use crate::tree::{Attr, DirEntry, Node, NodeType, ROOT_INO, Tree};
@@ -453,7 +452,10 @@ impl SealedFs {
         // Chunks by value: a closure over `&ChunkRef` would make the read's future lose
         // `Send` (a higher-ranked lifetime the compiler cannot prove general).
         let mut fetched = futures::stream::iter(wanted.iter().copied())
-            .map(move |c| async move { cache.get_for(store, &c, Some(slots), Some(tally)).await })
+            .map(move |c| async move {
+                let request = Request::new(Want::Reader).slots(slots).tally(tally);
+                cache.fetch(store, &c, request).await
+            })
             .buffered(self.fetches_per_read);
         let want = usize::try_from(end - offset).unwrap_or(0);
         let mut out = match wanted.len() {
@@ -527,12 +529,11 @@ impl SealedFs {
                 state.retract(start);
                 return;
             }
-            let flight = self.cache.flight_for(
+            let flight = self.cache.flight(
                 &self.store,
                 &chunk,
-                true,
+                Want::Readahead,
                 Some(slot),
-                Route::PeersThenOrigin,
                 Some(self.cold_start.clone()),
             );
             let cache = self.cache.clone();

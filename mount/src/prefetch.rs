@@ -25,10 +25,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::AbortHandle;
 
 use crate::error::{FetchError, FsError, MountError};
+use crate::fetch::Want;
 use crate::fs::SealedFs;
 use crate::metrics::MountMetrics;
 use crate::model_header::{self, HeaderError, ModelFormat, ModelLayout};
-use crate::peer::Route;
 
 /// What to prefetch.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -496,14 +496,13 @@ pub(crate) async fn fetch_ahead(fs: &SealedFs, chunk: ChunkRef) -> Result<bool, 
     if cache.is_local_or_coming(&chunk.digest) {
         return Ok(false);
     }
-    let into_memory = cache.disk().is_none();
-    // Counted in the mount's cold start by the tier that answers, as a read's fetch is.
-    let flight = cache.flight_for(
+    // Into memory only without a disk tier (`Want::Prefetch`). Counted in the mount's cold
+    // start by the tier that answers, as a read's fetch is.
+    let flight = cache.flight(
         fs.store(),
         &chunk,
-        into_memory,
+        Want::Prefetch,
         Some(slot),
-        Route::PeersThenOrigin,
         Some(fs.cold_start().clone()),
     );
     flight.await?;
