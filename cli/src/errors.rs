@@ -24,6 +24,9 @@ pub enum Failure {
     NotFound = 4,
     /// The store could not be reached, timed out, or refused the credentials.
     StoreUnavailable = 5,
+    /// `verify --signature`: the model signature does not verify (a changed, added or
+    /// removed file, another key, another model, a signature not made in key mode).
+    Unverified = 6,
 }
 
 impl Failure {
@@ -39,7 +42,8 @@ pub const EXIT_CODES_HELP: &str = "Exit codes:
   2  usage: a wrong command line, digest, store URL or endpoint
   3  the version is corrupt or incomplete (verify found missing or bad chunks; pull read bad bytes)
   4  not found: the version, volume or store does not exist
-  5  the store is unreachable, timed out, or refused the credentials";
+  5  the store is unreachable, timed out, or refused the credentials
+  6  the model signature does not verify (verify --signature)";
 
 /// Prints `err` to stderr once, cause last, with a hint, and returns the exit code.
 pub fn report(err: &anyhow::Error) -> ExitCode {
@@ -94,6 +98,12 @@ pub fn classify(err: &anyhow::Error) -> Failure {
         return Failure::Usage;
     }
     for cause in err.chain() {
+        if let Some(e) = cause.downcast_ref::<sealed_provenance::Error>() {
+            return match e {
+                sealed_provenance::Error::Key { .. } => Failure::Usage,
+                _ => Failure::Unverified,
+            };
+        }
         if let Some(kind) = cause.downcast_ref::<StoreError>().and_then(classify_store) {
             return kind;
         }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use clap::Args;
 use futures::StreamExt;
+use sealed_provenance::{DEFAULT_SIGNATURE_NAME, GIT_PATHS, SigningKey, sign_manifest};
 use sealed_store::Digest;
 use sealed_store::push::{PushOptions, StatCachePolicy, push};
 use sealed_store::stat_cache::StatCacheConfig;
@@ -30,6 +31,14 @@ pub struct PushArgs {
     /// and bytes), writing nothing to the store or the stat cache
     #[arg(long)]
     pub dry_run: bool,
+    /// Sign the pushed version with this private key (PEM, ECDSA P-256 or P-384): writes an
+    /// OpenSSF model signature (`model_signing` key mode, BLAKE3 from the manifest, no second
+    /// read) to DIR/model.sig, or to --signature
+    #[arg(long, value_name = "KEY", conflicts_with = "dry_run")]
+    pub sign: Option<PathBuf>,
+    /// Where --sign writes the signature (default: DIR/model.sig)
+    #[arg(long, value_name = "FILE", requires = "sign")]
+    pub signature: Option<PathBuf>,
 }
 
 pub async fn run(ctx: &Context, args: PushArgs) -> anyhow::Result<ExitCode> {
@@ -37,6 +46,8 @@ pub async fn run(ctx: &Context, args: PushArgs) -> anyhow::Result<ExitCode> {
         return dry_run(ctx, args).await;
     }
     let filter = args.scan.filter()?;
+    // A bad key fails before anything is uploaded.
+    let signer = args.sign.as_deref().map(read_signing_key).transpose()?;
     // A push may create a file:// store, as the default one is created.
     let store = ctx.open_store_for_push().await?;
     let opts = PushOptions {
@@ -50,6 +61,17 @@ pub async fn run(ctx: &Context, args: PushArgs) -> anyhow::Result<ExitCode> {
     };
     let bars = Arc::new(Bars::new(ctx.progress));
     let report = push(&store, &args.dir, &opts, bars).await?;
+    if let Some(signer) = &signer {
+        let manifest = store.get_manifest(&report.digest).await?;
+        let path = write_signature(&args.dir, args.signature.as_deref(), &manifest, signer)?;
+        eprintln!(
+            "signed {} with the {} key {}: {}",
+            report.digest,
+            signer.public_key().curve(),
+            signer.public_key().hint()?,
+            path.display()
+        );
+    }
     if ctx.json() {
         print_json(&report)?;
     } else {
@@ -152,6 +174,59 @@ async fn dry_run(ctx: &Context, args: PushArgs) -> anyhow::Result<ExitCode> {
         println!("{}", report.digest);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn read_signing_key(path: &std::path::Path) -> anyhow::Result<SigningKey> {
+    let len = std::fs::metadata(path)
+        .with_context(|| format!("cannot read signing key {}", path.display()))?
+        .len();
+    anyhow::ensure!(
+        len <= 64 * 1024,
+        "signing key {} has {len} bytes: not a PEM key",
+        path.display()
+    );
+    let pem = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read signing key {}", path.display()))?;
+    Ok(SigningKey::from_pem(&pem).with_context(|| format!("signing key {}", path.display()))?)
+}
+
+/// Writes the `model_signing` signature of the pushed version: the model's name is the
+/// directory's, as `model_signing sign` names it; the signature file and git's files are left
+/// out as `model_signing` leaves them out (its ignore paths, recorded in the statement).
+fn write_signature(
+    dir: &std::path::Path,
+    signature: Option<&std::path::Path>,
+    manifest: &sealed_store::Manifest,
+    signer: &SigningKey,
+) -> anyhow::Result<PathBuf> {
+    let path = signature.map_or_else(|| dir.join(DEFAULT_SIGNATURE_NAME), PathBuf::from);
+    let root = std::fs::canonicalize(dir).with_context(|| format!("{}", dir.display()))?;
+    let model_name = root
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into());
+    // The signature's name inside the tree, when it is written there.
+    let inside = path
+        .parent()
+        .map(|p| {
+            if p.as_os_str().is_empty() {
+                std::path::Path::new(".")
+            } else {
+                p
+            }
+        })
+        .and_then(|p| std::fs::canonicalize(p).ok())
+        .and_then(|parent| {
+            let rel = parent.strip_prefix(&root).ok()?.join(path.file_name()?);
+            rel.to_str().map(str::to_owned)
+        });
+    let mut ignore: Vec<String> = vec![inside.unwrap_or_else(|| DEFAULT_SIGNATURE_NAME.into())];
+    ignore.extend(GIT_PATHS.iter().map(|p| p.to_string()));
+    let bundle = sign_manifest(manifest, &model_name, &ignore, signer)
+        .context("cannot sign the pushed version")?;
+    std::fs::write(&path, bundle)
+        .with_context(|| format!("cannot write the signature {}", path.display()))?;
+    Ok(path)
 }
 
 /// The stat cache under the user's cache directory; without one (no `$HOME`), every file is
