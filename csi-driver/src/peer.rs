@@ -123,7 +123,7 @@ impl PeerCollector {
             .with_label_values(&["origin"])
             .inc_by(m.store_bytes_fetched);
         out.push(Box::new(bytes));
-        let counters: [(&str, &str, u64); 22] = [
+        let counters: [(&str, &str, u64); 23] = [
             (
                 "sealed_peer_hits_total",
                 "Chunks a peer served (verified)",
@@ -233,6 +233,11 @@ impl PeerCollector {
                 "sealed_peer_stalls_total",
                 "Owner answers whose body stalled (below the rate floor, or no body): the owner was marked down",
                 p.stalls,
+            ),
+            (
+                "sealed_peer_revived_total",
+                "Owners this node could not reach (marked down) that answered a probe before their 5 s were up, and were asked again from then on",
+                p.revived,
             ),
         ];
         for (name, help, value) in counters {

@@ -40,6 +40,10 @@ pub use token::PeerToken;
 /// asks another peer.
 pub const HOP_HEADER: &str = "x-sealed-last-hop";
 
+/// `GET` with the fleet's token: 204 from a node that is up ([`server`]); what an asker probes
+/// an owner it could not reach with ([`client`]).
+pub const PING_PATH: &str = "/v1/ping";
+
 #[derive(Debug, thiserror::Error)]
 pub enum PeerError {
     #[error("peer token: {0}")]

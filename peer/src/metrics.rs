@@ -46,6 +46,9 @@ pub struct PeerMetrics {
     /// Answers whose body stalled (below the rate floor over a window, or headers and no
     /// body within the body bound): the owner was marked down.
     pub stalls: AtomicU64,
+    /// Owners marked down as unreachable (refused, no connection or handshake in time) that
+    /// answered a probe before their down time was up, and were asked again from then on.
+    pub revived: AtomicU64,
     /// The same, by owner address: at most [`MAX_OWNERS_COUNTED`] owners by name, the rest
     /// under [`OTHER_OWNERS`] (pod IPs are reused and churn: the labels stay bounded).
     owner_stalls: Mutex<BTreeMap<String, u64>>,
@@ -81,6 +84,8 @@ pub struct PeerSnapshot {
     pub upload_wait_us: u64,
     #[serde(default)]
     pub stalls: u64,
+    #[serde(default)]
+    pub revived: u64,
 }
 
 impl PeerMetrics {
@@ -136,6 +141,7 @@ impl PeerMetrics {
             tls_refused: g(&self.tls_refused),
             upload_wait_us: g(&self.upload_wait_us),
             stalls: g(&self.stalls),
+            revived: g(&self.revived),
         }
     }
 }

@@ -1,4 +1,6 @@
-//! The owning side: `GET /v1/chunks/<64 hex>?len=N` with the fleet's token. Answers from the
+//! The owning side: `GET /v1/chunks/<64 hex>?len=N` with the fleet's token (and `GET
+//! /v1/ping`, 204 with the token: an asker that could not reach this node probes it with
+//! that, `crate::client`). Answers from the
 //! node's own tiers through [`NodeCache::serve_peer`] (memory, disk, or the origin once,
 //! shared with local readers), so every byte it sends has been verified here. A secondary
 //! owner of a chunk asks the primary first, through its own read path (`NodeCache::get`,
@@ -79,6 +81,7 @@ pub fn router(
     };
     Router::new()
         .route("/v1/chunks/{digest}", get(chunk))
+        .route(crate::PING_PATH, get(ping))
         .with_state(state)
 }
 
@@ -164,6 +167,19 @@ pub async fn serve_tls_with_limits(
         },
     )
     .await
+}
+
+/// 204 to a peer with the fleet's token: this node is up and reachable (its connection and
+/// TLS work). Costs nothing else: no chunk, no origin.
+async fn ping(State(state): State<ServerState>, headers: HeaderMap) -> Response {
+    let auth = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    if !state.token.admits(auth) {
+        PeerMetrics::inc(&state.metrics.served_rejected);
+        return (StatusCode::UNAUTHORIZED, "a peer token is required\n").into_response();
+    }
+    StatusCode::NO_CONTENT.into_response()
 }
 
 async fn chunk(
