@@ -6,6 +6,7 @@
 //! fails, so CI fails loudly instead of passing without testing anything.
 
 pub mod fleet;
+pub mod upgrade;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
