@@ -7,7 +7,7 @@ use std::sync::Arc;
 use sealed_crds::validate::is_object_name;
 use sealed_mount::PrefetchSelection;
 use sealed_store::Digest;
-use sealed_store::profile::ProfileScope;
+use sealed_store::prefetch_profile::ProfileScope;
 use tonic::{Request, Response, Status};
 
 use crate::driver::{Driver, Publish};
@@ -296,7 +296,7 @@ pub fn profile_scope(namespace: &str, volume: &str) -> Result<ProfileScope, CsiE
     ProfileScope::new(&format!("{namespace}/{volume}")).map_err(invalid_scope)
 }
 
-fn invalid_scope(e: sealed_store::profile::ScopeError) -> CsiError {
+fn invalid_scope(e: sealed_store::prefetch_profile::ScopeError) -> CsiError {
     CsiError::InvalidArgument(format!("learned prefetch: {e}"))
 }
 

@@ -1,6 +1,6 @@
 //! Learned prefetch (`--learned-prefetch`, on unless turned off): the first mount of a version
 //! records the order in which its readers first asked for chunks and stores it beside the
-//! manifest as an immutable profile (`sealed_store::profile`); a later mount of the version,
+//! manifest as an immutable profile (`sealed_store::prefetch_profile`); a later mount of the version,
 //! on any node, finds the profile and fetches those chunks in that order, many at once, before
 //! the loader asks for them.
 //!
@@ -10,7 +10,7 @@
 //!   [`crate::cold_start::QUIET`] after their first byte, or [`crate::cold_start::LONGEST`]) or at unmount,
 //!   and the profile is written once (conditional create: the first mount to finish wins).
 //! - **Scope.** A profile is stored and looked up under the mount's scope
-//!   ([`sealed_store::profile::ProfileScope`]: in the CSI plugin the pod's namespace and
+//!   ([`sealed_store::prefetch_profile::ProfileScope`]: in the CSI plugin the pod's namespace and
 //!   SealedVolume, for `sealed mount` its `--profile-scope`): readers in one tenant's scope
 //!   never steer what another's mounts fetch. Unscoped profiles of earlier releases are not
 //!   read.
@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use parking_lot::Mutex;
-use sealed_store::profile::{MAX_PROFILE_ENTRIES, ProfileScope};
+use sealed_store::prefetch_profile::{MAX_PROFILE_ENTRIES, ProfileScope};
 use sealed_store::{ChunkRef, Digest, Profile, ProfileError};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -264,8 +264,8 @@ async fn run(fs: Arc<SealedFs>, scope: ProfileScope) {
         Err(sealed_store::Error::ResponseTooLarge { .. }) => {
             abandon_recording(&fs);
             let oversized = ProfileError::Oversized {
-                len: sealed_store::profile::MAX_PROFILE_BYTES.saturating_add(1),
-                limit: sealed_store::profile::MAX_PROFILE_BYTES,
+                len: sealed_store::prefetch_profile::MAX_PROFILE_BYTES.saturating_add(1),
+                limit: sealed_store::prefetch_profile::MAX_PROFILE_BYTES,
             };
             ignored(metrics, &digest, &oversized);
             return;

@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use fuser::{Config, MountOption, Session, SessionACL, SessionUnmounter};
-use sealed_store::profile::ProfileScope;
+use sealed_store::prefetch_profile::ProfileScope;
 use sealed_store::{ChunkStore, Digest, Manifest};
 use tokio::sync::watch;
 

@@ -17,7 +17,7 @@ use sealed_mount::metrics::PROFILE_IGNORE_REASONS;
 use sealed_mount::{
     MountHandle, MountOptions, NodeCache, NodeCacheOptions, REPLAY_READ_MULTIPLE, ReadaheadPolicy,
 };
-use sealed_store::profile::{MAX_PROFILE_BYTES, ProfileScope};
+use sealed_store::prefetch_profile::{MAX_PROFILE_BYTES, ProfileScope};
 use sealed_store::{ChunkStore, Digest, EntryKind, Manifest, Profile, layout};
 
 /// A node: its own disk cache.

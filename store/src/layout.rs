@@ -80,7 +80,7 @@ pub fn parse_manifest_key(key: &ObjectPath) -> Option<Digest> {
 }
 
 /// `profiles/<64 hex>.<64 hex>`: the learned prefetch profile of the manifest `digest` names,
-/// learned from the readers of the scope `scope` identifies (`crate::profile::ProfileScope`).
+/// learned from the readers of the scope `scope` identifies (`crate::prefetch_profile::ProfileScope`).
 /// One object name, not a folder per manifest: a file store cannot hold the unscoped key of
 /// earlier releases and a folder of the same name.
 pub fn profile_key(digest: &Digest, scope: &Digest) -> ObjectPath {

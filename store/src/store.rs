@@ -271,8 +271,8 @@ impl ChunkStore {
     /// wins). `Ok(false)` when one was there already: that is not an error.
     pub async fn put_profile(
         &self,
-        profile: &crate::profile::Profile,
-        scope: &crate::profile::ProfileScope,
+        profile: &crate::prefetch_profile::Profile,
+        scope: &crate::prefetch_profile::ProfileScope,
     ) -> Result<bool> {
         let key = layout::profile_key(&profile.manifest, &scope.id());
         let body = profile.encode();
@@ -304,18 +304,18 @@ impl ChunkStore {
     }
 
     /// The raw bytes of a manifest's profile learned in `scope`, or `None`. At most
-    /// [`crate::profile::MAX_PROFILE_BYTES`] are read: a larger one is
-    /// [`Error::ResponseTooLarge`]. Decode with [`crate::profile::Profile::decode`].
+    /// [`crate::prefetch_profile::MAX_PROFILE_BYTES`] are read: a larger one is
+    /// [`Error::ResponseTooLarge`]. Decode with [`crate::prefetch_profile::Profile::decode`].
     pub async fn get_profile_bytes(
         &self,
         manifest: &Digest,
-        scope: &crate::profile::ProfileScope,
+        scope: &crate::prefetch_profile::ProfileScope,
     ) -> Result<Option<Bytes>> {
         let what = format!("profile of {manifest}");
         self.read_optional(
             &layout::profile_key(manifest, &scope.id()),
             &what,
-            crate::profile::MAX_PROFILE_BYTES,
+            crate::prefetch_profile::MAX_PROFILE_BYTES,
         )
         .await
     }

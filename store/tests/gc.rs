@@ -15,7 +15,7 @@ use object_store::PutPayload;
 use sealed_store::gc::{GcOptions, collect};
 use sealed_store::gc_marker::read_gc_marker;
 use sealed_store::layout;
-use sealed_store::profile::ProfileScope;
+use sealed_store::prefetch_profile::ProfileScope;
 use sealed_store::push::{PushOptions, push};
 use sealed_store::trash::{list_trash, restore_version, trash_version};
 use sealed_store::writer_lease::{LeaseOptions, list_leases};

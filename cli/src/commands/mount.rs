@@ -13,7 +13,7 @@ use sealed_mount::{
     FetchPolicy, MountHandle, MountOptions, NodeCache, NodeCacheOptions, PrefetchSelection,
     ReadaheadPolicy, ScrubOptions,
 };
-use sealed_store::profile::ProfileScope;
+use sealed_store::prefetch_profile::ProfileScope;
 
 use crate::context::Context;
 use crate::output::{bytes, print_json};

@@ -9,7 +9,7 @@ use sealed_mount::cold_start::ColdStart;
 
 use sealed_mount::{MountHandle, PrefetchSelection};
 use sealed_store::Digest;
-use sealed_store::profile::ProfileScope;
+use sealed_store::prefetch_profile::ProfileScope;
 
 use super::{Driver, Mounts, Publication, VersionMount};
 use crate::error::CsiError;
