@@ -211,7 +211,36 @@ impl Helm {
 pub struct CountingProxy {
     addr: SocketAddr,
     served: Arc<AtomicU64>,
+    pace: Arc<Pace>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// A cap on the bytes per second the origin sends through the proxy, all connections together
+/// (0: none): each read of the origin's answer takes its turn on one timeline.
+#[derive(Default)]
+struct Pace {
+    rate: AtomicU64,
+    next: std::sync::Mutex<Option<tokio::time::Instant>>,
+}
+
+impl Pace {
+    /// Waits for `n` bytes' turn under the cap.
+    async fn take(&self, n: usize) {
+        let rate = self.rate.load(Ordering::Relaxed);
+        if rate == 0 {
+            return;
+        }
+        let cost = std::time::Duration::from_secs_f64(n as f64 / rate as f64);
+        let at = {
+            let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
+            let now = tokio::time::Instant::now();
+            let start = next.filter(|t| *t > now).unwrap_or(now);
+            let done = start + cost;
+            *next = Some(done);
+            done
+        };
+        tokio::time::sleep_until(at).await;
+    }
 }
 
 impl CountingProxy {
@@ -222,18 +251,32 @@ impl CountingProxy {
             .with_context(|| format!("cannot listen on {listen}"))?;
         let addr = listener.local_addr()?;
         let served = Arc::new(AtomicU64::new(0));
-        let count = served.clone();
+        let pace = Arc::new(Pace::default());
+        let (count, paced) = (served.clone(), pace.clone());
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                let count = count.clone();
+                let (count, paced) = (count.clone(), paced.clone());
                 tokio::spawn(async move {
                     if let Ok(origin) = TcpStream::connect(upstream).await {
-                        let _ = relay(client, origin, count).await;
+                        let _ = relay(client, origin, count, paced).await;
                     }
                 });
             }
         });
-        Ok(CountingProxy { addr, served, task })
+        Ok(CountingProxy {
+            addr,
+            served,
+            pace,
+            task,
+        })
+    }
+
+    /// Caps what the origin sends through the proxy at `bytes_per_sec` in all (`None`: no
+    /// cap): a cold read then lasts long enough for something to happen in its middle.
+    pub fn limit_rate(&self, bytes_per_sec: Option<u64>) {
+        self.pace
+            .rate
+            .store(bytes_per_sec.unwrap_or(0), Ordering::Relaxed);
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -252,7 +295,12 @@ impl Drop for CountingProxy {
     }
 }
 
-async fn relay(client: TcpStream, origin: TcpStream, served: Arc<AtomicU64>) -> Result<()> {
+async fn relay(
+    client: TcpStream,
+    origin: TcpStream,
+    served: Arc<AtomicU64>,
+    pace: Arc<Pace>,
+) -> Result<()> {
     let (mut client_rx, mut client_tx) = client.into_split();
     let (mut origin_rx, mut origin_tx) = origin.into_split();
     let up = async {
@@ -267,6 +315,7 @@ async fn relay(client: TcpStream, origin: TcpStream, served: Arc<AtomicU64>) -> 
                 Ok(n) => n,
             };
             served.fetch_add(n as u64, Ordering::Relaxed);
+            pace.take(n).await;
             if client_tx.write_all(&buf[..n]).await.is_err() {
                 break;
             }
@@ -350,5 +399,30 @@ mod tests {
         c.read_to_end(&mut got).await.unwrap();
         assert_eq!(got.len(), 1000);
         assert_eq!(proxy.served(), 1000);
+    }
+
+    #[tokio::test]
+    async fn the_proxy_caps_what_the_origin_sends() {
+        let origin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let origin_addr = origin.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut c, _) = origin.accept().await.unwrap();
+            c.write_all(&vec![7u8; 1 << 20]).await.unwrap();
+        });
+        let proxy = CountingProxy::start("127.0.0.1:0".parse().unwrap(), origin_addr)
+            .await
+            .unwrap();
+        proxy.limit_rate(Some(4 << 20));
+        let started = std::time::Instant::now();
+        let mut c = TcpStream::connect(proxy.addr()).await.unwrap();
+        let mut got = Vec::new();
+        c.read_to_end(&mut got).await.unwrap();
+        let took = started.elapsed();
+        assert_eq!(got.len(), 1 << 20);
+        // 1 MiB at 4 MiB/s: about 250 ms (the last read's turn ends it).
+        assert!(
+            took >= std::time::Duration::from_millis(180),
+            "1 MiB under a 4 MiB/s cap took {took:?}"
+        );
     }
 }

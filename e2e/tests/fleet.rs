@@ -6,7 +6,9 @@
 //!    the chart's defaults; warming allowed) with a moto store behind a proxy that counts the
 //!    bytes moto sends (moto listens on loopback: pods reach the store only through the
 //!    count). The node plugin runs on `sealed-node` and `sealed-node-2` only, never on the L4
-//!    node `sealed-node-3`; the peers' EndpointSlice lists exactly those two plugin pods, ready.
+//!    node `sealed-node-3`; the peers' EndpointSlice lists exactly those two plugin pods, ready,
+//!    and each plugin's own view (`sealed_peer_members` on its /metrics) has both: what an
+//!    operator checks before trusting the tier (the slices do not say every plugin saw them).
 //! 2. A version (`SEALED_FLEET_MIB`, default 96 MiB) pushed for an upload volume: reader pods on
 //!    both nodes read it at once; every file's BLAKE3 is right, the origin served at most 1.3×
 //!    the version (counted at the origin), and the plugins served each other chunks
@@ -16,6 +18,13 @@
 //! 4. `spec.warm.nodes: 1`: exactly one plugin warms the next version (one `Warmed` Event);
 //!    a reader on the other node then gets a share of the chunks from the warmed node and the
 //!    origin serves less than the version for that read.
+//! 5. With `SEALED_FLEET_RESTART=1` (opt-in: not yet run on a cluster when it was written),
+//!    a plugin pod deleted mid-read (the origin capped so that a cold read lasts ~10 s): the
+//!    other node's reader finishes right, the new plugin rejoins (both views have both again)
+//!    and the first node's reader, its mount held by the fd holder, resumes and finishes right.
+//!
+//! After each read the plugins' peer series are printed (requests, failures, revived owners,
+//! served bytes, ...), so a bound that fails says why.
 //!
 //! Cleanup whatever happens: pods, versions, `helm uninstall`, the namespace, and the extra
 //! nodes (`hack/cluster.sh down --extra-nodes`), so the shared cluster is as it was.
@@ -195,6 +204,14 @@ async fn steps(f: &Fleet) -> Result<()> {
     let model = read_at_once(f).await?;
     scheduled_on_an_eligible_node(f, &model).await?;
     warm_one_node(f).await?;
+    if std::env::var("SEALED_FLEET_RESTART").is_ok_and(|v| v == "1") {
+        plugin_deleted_mid_read(f).await?;
+    } else {
+        say(
+            "5. (a plugin pod deleted mid-read) skipped: it has not been run on a cluster yet, so \
+             it is opt-in (SEALED_FLEET_RESTART=1) until it has passed here and in CI",
+        );
+    }
     Ok(())
 }
 
@@ -340,7 +357,46 @@ async fn install(f: &Fleet) -> Result<()> {
         "membership from the EndpointSlices of {RELEASE}-peers: {want_members:?} (node, pod IP), \
          both ready"
     ));
+    let views = wait_for_peer_views(f, 2, Duration::from_secs(60)).await?;
+    say(format!(
+        "every plugin's own view of the fleet (sealed_peer_members on its /metrics): {views:?}"
+    ));
     Ok(())
+}
+
+/// Waits until every plugin pod's own view of the fleet (`sealed_peer_members`, scraped from
+/// its /metrics) has `n` members and there are `n` plugin pods: what an operator checks before
+/// trusting the tier. The EndpointSlices listing every plugin do not say that each plugin has
+/// seen them yet. A plugin not answering yet counts as not there.
+async fn wait_for_peer_views(
+    f: &Fleet,
+    n: usize,
+    timeout: Duration,
+) -> Result<BTreeMap<String, f64>> {
+    let want = n as f64;
+    let mut last = BTreeMap::new();
+    let deadline = Instant::now() + timeout;
+    loop {
+        last.clear();
+        for (node, (_, ip)) in plugin_pods(f).await? {
+            let addr: SocketAddr = format!("{ip}:{METRICS_PORT}").parse()?;
+            let members = match scrape(addr).await {
+                Ok(text) => metric_sum(&text, "sealed_peer_members"),
+                Err(_) => -1.0,
+            };
+            last.insert(node, members);
+        }
+        if last.len() == n && last.values().all(|m| *m == want) {
+            return Ok(last);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "after {timeout:?} the plugins' views of the fleet are {last:?} \
+                 (sealed_peer_members by node, -1: not scraped), not {n} plugins seeing {n}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// The plugin pods by node: (pod name, pod IP).
@@ -522,6 +578,54 @@ async fn plugin_metric(f: &Fleet, name: &str) -> Result<BTreeMap<String, f64>> {
     Ok(out)
 }
 
+/// The peer tier's series that tell how a read went, by node (for the log: a failed bound
+/// then says whether an owner was refused, timed out, marked down or missing from a view).
+const PEER_SERIES: [&str; 15] = [
+    "sealed_peer_members",
+    "sealed_peer_requests_total",
+    "sealed_peer_hits_total",
+    "sealed_peer_request_failures_total",
+    "sealed_peer_request_timeouts_total",
+    "sealed_peer_skipped_down_total",
+    "sealed_peer_revived_total",
+    "sealed_peer_owned_here_total",
+    "sealed_peer_served_bytes_total",
+    "sealed_peer_served_rejected_total",
+    "sealed_peer_served_busy_total",
+    "sealed_peer_tls_refused_total",
+    "sealed_peer_served_errors_total",
+    "sealed_peer_body_timeouts_total",
+    "sealed_peer_stalls_total",
+];
+
+/// [`PEER_SERIES`] of every plugin, one line per node (`-` for a plugin not scraped).
+async fn peer_report(f: &Fleet) -> String {
+    let mut lines = Vec::new();
+    let Ok(plugins) = plugin_pods(f).await else {
+        return "plugin pods not listed".into();
+    };
+    for (node, (pod, ip)) in plugins {
+        let text = match format!("{ip}:{METRICS_PORT}").parse() {
+            Ok(addr) => scrape(addr).await.ok(),
+            Err(_) => None,
+        };
+        let values: Vec<String> = PEER_SERIES
+            .iter()
+            .map(|name| {
+                let short = name
+                    .trim_start_matches("sealed_peer_")
+                    .trim_end_matches("_total");
+                match &text {
+                    Some(t) => format!("{short}={}", metric_sum(t, name)),
+                    None => format!("{short}=-"),
+                }
+            })
+            .collect();
+        lines.push(format!("  {node} ({pod}): {}", values.join(" ")));
+    }
+    lines.join("\n")
+}
+
 async fn read_at_once(f: &Fleet) -> Result<Digest> {
     let mib = version_mib();
     f.volumes()
@@ -573,7 +677,8 @@ async fn read_at_once(f: &Fleet) -> Result<Digest> {
     say(format!(
         "2 readers (one per node) read {mib} MiB each, every file's BLAKE3 right, in {secs:.1} s; \
          origin served {origin} bytes for a {bytes}-byte version: {ratio:.3}x (bound 1.3x); \
-         peers served {served:?} bytes"
+         peers served {served:?} bytes; the plugins' peer series:\n{}",
+        peer_report(f).await
     ));
     ensure!(
         ratio <= 1.3,
@@ -756,10 +861,128 @@ async fn warm_one_node(f: &Fleet) -> Result<()> {
 }
 
 // ---------------------------------------------------------------------------------------
+// 5. a plugin pod deleted mid-read
+
+/// Readers on both nodes read a new version cold, the origin capped so that the read lasts;
+/// in its middle the first node's plugin pod is deleted. The other node's reader goes on
+/// (the gone owner's chunks from the origin) and finishes with every byte right; the
+/// DaemonSet's new plugin rejoins the fleet (both plugins' views have both again), and the
+/// first node's reader, whose mount the fd holder kept, resumes and finishes right too
+/// (docs/csi.md, "Restart safety": reads pause and go on).
+async fn plugin_deleted_mid_read(f: &Fleet) -> Result<()> {
+    let mib = version_mib();
+    f.volumes()
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({
+                "apiVersion": "sealedvolumes.io/v1alpha1",
+                "kind": "SealedVolume",
+                "metadata": { "name": "restart" },
+                "spec": { "source": { "upload": {} } },
+            }))?,
+        )
+        .await
+        .context("creating SealedVolume restart")?;
+    let (digest, sums, bytes, _) =
+        push_version(f, "restart", mib, run_seed().wrapping_add(200)).await?;
+    // About 10 s of origin bytes for the fleet's one copy: the deletion lands mid-read.
+    let rate = (bytes / 10).max(1 << 20);
+    f.proxy.limit_rate(Some(rate));
+    let result = async {
+        let origin_before = f.proxy.served();
+        let names: Vec<String> = [FIRST_NODE, SECOND_NODE]
+            .iter()
+            .map(|n| format!("restart-{n}"))
+            .collect();
+        for (name, node) in names.iter().zip([FIRST_NODE, SECOND_NODE]) {
+            f.pods()
+                .create(
+                    &PostParams::default(),
+                    &reader_pod(name, Some(node), &digest)?,
+                )
+                .await
+                .with_context(|| format!("creating reader {name}"))?;
+        }
+        let proxy = &f.proxy;
+        let at_deletion = poll_some(
+            "the readers to have read an eighth of the version",
+            Duration::from_secs(120),
+            || async move {
+                let served = proxy.served().saturating_sub(origin_before);
+                Ok((served >= bytes / 8).then_some(served))
+            },
+        )
+        .await?;
+        let (victim, _) = plugin_pods(f)
+            .await?
+            .remove(FIRST_NODE)
+            .context("no plugin pod on the first node")?;
+        let deleted = Instant::now();
+        f.pods().delete(&victim, &DeleteParams::default()).await?;
+        say(format!(
+            "deleted the plugin pod {victim} on {FIRST_NODE} mid-read (the origin had sent \
+             {at_deletion} of the {bytes}-byte version, capped at {rate} B/s)"
+        ));
+
+        let survivor = sums_of(f, &names[1..]).await?;
+        ensure!(
+            survivor.get(&names[1]) == Some(&sums),
+            "the reader on {SECOND_NODE} read wrong bytes after {FIRST_NODE}'s plugin went"
+        );
+        say(format!(
+            "the reader on {SECOND_NODE} went on and finished, every file's BLAKE3 right, {:.1} s \
+             after the deletion",
+            deleted.elapsed().as_secs_f64()
+        ));
+
+        let views = wait_for_peer_views(f, 2, Duration::from_secs(180)).await?;
+        let back = plugin_pods(f)
+            .await?
+            .remove(FIRST_NODE)
+            .map(|(name, _)| name)
+            .unwrap_or_default();
+        ensure!(
+            back != victim,
+            "the plugin pod on {FIRST_NODE} is still {victim}"
+        );
+        say(format!(
+            "the DaemonSet's new plugin {back} on {FIRST_NODE} rejoined {:.1} s after the \
+             deletion: the plugins' views {views:?}",
+            deleted.elapsed().as_secs_f64()
+        ));
+
+        let resumed = sums_of(f, &names[..1]).await?;
+        ensure!(
+            resumed.get(&names[0]) == Some(&sums),
+            "the reader on {FIRST_NODE} read wrong bytes across its plugin's restart"
+        );
+        let origin = f.proxy.served().saturating_sub(origin_before);
+        say(format!(
+            "the reader on {FIRST_NODE} (its mount held by the fd holder) resumed and finished \
+             right {:.1} s after the deletion; the origin served {origin} bytes for this \
+             version ({:.3}x: the gone plugin's chunks came from it)",
+            deleted.elapsed().as_secs_f64(),
+            origin as f64 / bytes as f64
+        ));
+        for name in &names {
+            f.pods().delete(name, &DeleteParams::default()).await?;
+        }
+        Ok(())
+    }
+    .await;
+    f.proxy.limit_rate(None);
+    result
+}
+
+// ---------------------------------------------------------------------------------------
 // Diagnostics and cleanup
 
 async fn dump_state(f: &Fleet) {
     say("===== state at failure");
+    say(format!(
+        "the plugins' peer series:\n{}",
+        peer_report(f).await
+    ));
     if let Ok(list) = f.pods().list(&ListParams::default()).await {
         for p in list.items {
             let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
