@@ -342,6 +342,13 @@ async fn run(args: RunArgs, log_json: bool) -> anyhow::Result<()> {
         ));
     }
     let follow_tags = args.webhook.webhook_addr.is_some();
+    // Tag-following rollouts stay in the namespaces the operator watches.
+    let follow_namespaces: Option<Vec<String>> = config.watch_namespace.as_ref().map(|list| {
+        list.split(',')
+            .map(|ns| ns.trim().to_owned())
+            .filter(|ns| !ns.is_empty())
+            .collect()
+    });
     // Every replica serves the webhook, leader or not: the Service picks any.
     let _webhook = match args.webhook.webhook_addr {
         Some(addr) => {
@@ -398,7 +405,12 @@ async fn run(args: RunArgs, log_json: bool) -> anyhow::Result<()> {
         metrics.leader.set(1);
         tracing::info!("became leader");
         // Tag-following rollouts write workloads: the leader's job, with the webhook.
-        let _follow = follow_tags.then(|| AbortOnDrop(tokio::spawn(follow::run(client.clone()))));
+        let _follow = follow_tags.then(|| {
+            AbortOnDrop(tokio::spawn(follow::run_in(
+                client.clone(),
+                follow_namespaces.clone(),
+            )))
+        });
         tokio::select! {
             r = controller::run(client, config, store, metrics.clone()) => r?,
             _ = async {
@@ -416,7 +428,12 @@ async fn run(args: RunArgs, log_json: bool) -> anyhow::Result<()> {
     } else {
         health.set(true);
         metrics.leader.set(1);
-        let _follow = follow_tags.then(|| AbortOnDrop(tokio::spawn(follow::run(client.clone()))));
+        let _follow = follow_tags.then(|| {
+            AbortOnDrop(tokio::spawn(follow::run_in(
+                client.clone(),
+                follow_namespaces.clone(),
+            )))
+        });
         controller::run(client, config, store, metrics).await?;
     }
     health.set(false);

@@ -43,15 +43,19 @@ pub fn template_digests(annotations: Option<&BTreeMap<String, String>>) -> Resol
         .unwrap_or_default()
 }
 
-/// Follows tags until the task is dropped. Failures are logged and tried again.
+/// Follows tags in every namespace until the task is dropped.
 pub async fn run(client: Client) {
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: crate::context::MANAGER.into(),
-            instance: std::env::var("POD_NAME").ok(),
-        },
-    );
+    run_in(client, None).await
+}
+
+/// Follows tags until the task is dropped, in `namespaces` only when given (the operator's
+/// `--watch-namespace`: an operator confined to some namespaces never rolls out workloads of
+/// another). Failures are logged and tried again.
+pub async fn run_in(client: Client, namespaces: Option<Vec<String>>) {
+    let reporter = Reporter {
+        controller: crate::context::MANAGER.into(),
+        instance: std::env::var("POD_NAME").ok(),
+    };
     let volumes = Api::<SealedVolume>::all(client.clone());
     let mut changes = watcher(volumes, watcher::Config::default())
         .default_backoff()
@@ -59,19 +63,35 @@ pub async fn run(client: Client) {
         .boxed();
     let mut resync = tokio::time::interval(RESYNC);
     loop {
-        let namespace = tokio::select! {
+        let scope: Vec<Option<String>> = tokio::select! {
             change = changes.try_next() => match change {
-                Ok(Some(volume)) => volume.namespace(),
+                Ok(Some(volume)) => {
+                    let ns = volume.namespace();
+                    let ours = match (&namespaces, &ns) {
+                        (None, _) => true,
+                        (Some(list), Some(ns)) => list.contains(ns),
+                        (Some(_), None) => false,
+                    };
+                    if !ours {
+                        continue;
+                    }
+                    vec![ns]
+                }
                 Ok(None) => return,
                 Err(e) => {
                     tracing::warn!(error = %e, "watching SealedVolumes to follow tags");
                     continue;
                 }
             },
-            _ = resync.tick() => None,
+            _ = resync.tick() => match &namespaces {
+                None => vec![None],
+                Some(list) => list.iter().cloned().map(Some).collect(),
+            },
         };
-        if let Err(e) = follow(&client, &recorder, namespace.as_deref()).await {
-            tracing::warn!(error = %e, "following tags");
+        for namespace in scope {
+            if let Err(e) = follow(&client, &reporter, namespace.as_deref()).await {
+                tracing::warn!(error = %e, "following tags");
+            }
         }
     }
 }
@@ -79,14 +99,14 @@ pub async fn run(client: Client) {
 /// Brings every following workload of `namespace` (`None`: every namespace) up to date.
 pub async fn follow(
     client: &Client,
-    recorder: &Recorder,
+    reporter: &Reporter,
     namespace: Option<&str>,
 ) -> Result<(), kube::Error> {
-    follow_kind::<Deployment>(client, recorder, namespace, |d| {
+    follow_kind::<Deployment>(client, reporter, namespace, |d| {
         d.spec.as_ref().map(|s| &s.template)
     })
     .await?;
-    follow_kind::<StatefulSet>(client, recorder, namespace, |s| {
+    follow_kind::<StatefulSet>(client, reporter, namespace, |s| {
         s.spec.as_ref().map(|s| &s.template)
     })
     .await
@@ -94,7 +114,7 @@ pub async fn follow(
 
 async fn follow_kind<K>(
     client: &Client,
-    recorder: &Recorder,
+    reporter: &Reporter,
     namespace: Option<&str>,
     template: impl Fn(&K) -> Option<&PodTemplateSpec>,
 ) -> Result<(), kube::Error>
@@ -160,6 +180,10 @@ where
             action: "Rollout".into(),
             secondary: None,
         };
+        // A recorder of its own for each move: one Recorder folds events of the same reason
+        // and action into a series that keeps the first note, so the second move's "old ->
+        // new" would never be shown.
+        let recorder = Recorder::new(client.clone(), reporter.clone());
         if let Err(e) = recorder.publish(&event, &workload.object_ref(&())).await {
             tracing::warn!(error = %e, "cannot record event");
         }
