@@ -187,7 +187,7 @@ fn read_signing_key(path: &std::path::Path) -> anyhow::Result<SigningKey> {
     );
     let pem = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read signing key {}", path.display()))?;
-    Ok(SigningKey::from_pem(&pem).with_context(|| format!("signing key {}", path.display()))?)
+    SigningKey::from_pem(&pem).with_context(|| format!("signing key {}", path.display()))
 }
 
 /// Writes the `model_signing` signature of the pushed version: the model's name is the
