@@ -787,3 +787,67 @@ async fn stateful_sets_and_jobs_keep_one_digest_per_revision_and_follow_their_ta
     webhook.abort();
     bed.stop().await;
 }
+
+/// An operator confined to some namespaces (`--watch-namespace`) never rolls out a following
+/// workload of another namespace; one that watches the workload's namespace does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tags_are_followed_only_in_the_watched_namespaces() {
+    let Some((bed, webhook)) = Bed::start("webhook-follow-scope").await else {
+        return;
+    };
+    bed.volume().await;
+    // No pods needed: what a tag move changes is the template.
+    let deployment: Deployment = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "follow", "annotations": {FOLLOW_ANNOTATION: "true"}},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": {"app": "follow"}},
+            "template": {"metadata": {"labels": {"app": "follow"}},
+                         "spec": pod_spec(serde_json::json!({"volume": "llama", "tag": "prod"}))},
+        },
+    }))
+    .expect("deployment");
+    let deployments = Api::<Deployment>::namespaced(bed.client.clone(), &bed.ns);
+    deployments
+        .create(&PostParams::default(), &deployment)
+        .await
+        .expect("create deployment");
+    let pinned = || async {
+        deployments
+            .get("follow")
+            .await
+            .expect("deployment")
+            .spec
+            .and_then(|s| s.template.metadata)
+            .and_then(|m| m.annotations)
+            .and_then(|a| a.get(TEMPLATE_DIGESTS).cloned())
+    };
+
+    let elsewhere = tokio::spawn(follow::run_in(
+        bed.client.clone(),
+        Some(vec![format!("{}-not-this-one", bed.ns)]),
+    ));
+    bed.move_tag(2).await;
+    // The follower acts at once on a change (and on its first list): give it time to.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    elsewhere.abort();
+    assert_eq!(
+        pinned().await,
+        None,
+        "a follower watching another namespace rolled out this one's workload"
+    );
+
+    let here = tokio::spawn(follow::run_in(
+        bed.client.clone(),
+        Some(vec![bed.ns.clone()]),
+    ));
+    wait_for("the follower of this namespace", TIMEOUT, || async {
+        Ok(pinned().await.is_some_and(|p| p.contains(&digest(2))))
+    })
+    .await
+    .expect("followed");
+    here.abort();
+
+    webhook.abort();
+    bed.stop().await;
+}
