@@ -512,7 +512,11 @@ async fn one_digest_per_revision_placement_and_the_webhook_down() {
 
     // Tag-following rollouts: the tag moves, a rollout runs with the new digest; it moves
     // back, the Deployment goes back to its first ReplicaSet and digest.
-    let follower = tokio::spawn(follow::run(bed.client.clone()));
+    // Confined to this test's namespace, so it leaves other tests' workloads alone.
+    let follower = tokio::spawn(follow::run_in(
+        bed.client.clone(),
+        Some(vec![bed.ns.clone()]),
+    ));
     let mut following = deployment.clone();
     following.metadata.name = Some("follow".into());
     following.metadata.annotations =
@@ -722,7 +726,11 @@ async fn stateful_sets_and_jobs_keep_one_digest_per_revision_and_follow_their_ta
     sets.create(&PostParams::default(), &stateful_set("fdb", 1, true))
         .await
         .expect("following statefulset");
-    let follower = tokio::spawn(follow::run(bed.client.clone()));
+    // Confined to this test's namespace, so it leaves other tests' workloads alone.
+    let follower = tokio::spawn(follow::run_in(
+        bed.client.clone(),
+        Some(vec![bed.ns.clone()]),
+    ));
     let revision = |n: u8| {
         let (sets, want) = (sets.clone(), digest(n));
         async move {
