@@ -14,15 +14,10 @@ use sealed_store::Digest;
 use super::placement::Exclusion;
 use super::revision::{Revision, resolve_for_revision};
 
-/// The CSI driver whose volumes this admission looks at.
-pub const DRIVER: &str = "csi.sealedvolumes.io";
-/// Volume attributes the node plugin reads (csi-driver/src/node.rs).
-const DIGEST_ATTRIBUTE: &str = "digest";
-const VOLUME_ATTRIBUTE: &str = "volume";
-const TAG_ATTRIBUTE: &str = "tag";
-/// Where a rewritten volume keeps the tag it named, `<volume>:<tag>` (information only: the
-/// node plugin mounts `digest`).
-pub const FROM_TAG_ATTRIBUTE: &str = "fromTag";
+/// The names this admission shares with the node plugin and `sealed pin`: one home, in
+/// `sealed_crds::csi`.
+pub use sealed_crds::csi::{DRIVER_NAME as DRIVER, FROM_TAG_ATTRIBUTE};
+use sealed_crds::csi::{DIGEST_ATTRIBUTE, TAG_ATTRIBUTE, VOLUME_ATTRIBUTE};
 
 /// A sealed volume of the pod that names a tag.
 #[derive(Clone, Debug, PartialEq)]
