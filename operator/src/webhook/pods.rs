@@ -14,10 +14,10 @@ use sealed_store::Digest;
 use super::placement::Exclusion;
 use super::revision::{Revision, resolve_for_revision};
 
+use sealed_crds::csi::{DIGEST_ATTRIBUTE, TAG_ATTRIBUTE, VOLUME_ATTRIBUTE};
 /// The names this admission shares with the node plugin and `sealed pin`: one home, in
 /// `sealed_crds::csi`.
 pub use sealed_crds::csi::{DRIVER_NAME as DRIVER, FROM_TAG_ATTRIBUTE};
-use sealed_crds::csi::{DIGEST_ATTRIBUTE, TAG_ATTRIBUTE, VOLUME_ATTRIBUTE};
 
 /// A sealed volume of the pod that names a tag.
 #[derive(Clone, Debug, PartialEq)]
