@@ -19,7 +19,7 @@ use crate::limits::MountLimits;
 use crate::link::Link;
 use crate::metrics::MountMetrics;
 use crate::prefetch::ModelPrefetch;
-use crate::readahead::{Readahead, ReadaheadPolicy};
+use crate::readahead::{AheadFetcher, Readahead, ReadaheadPolicy};
 use crate::tree::{Attr, DirEntry, Node, NodeType, ROOT_INO, Tree};
 
 /// What `statfs` answers.
@@ -511,38 +511,13 @@ impl SealedFs {
         let Some(ahead) = state.on_read(&policy, offset, u64::from(size), file_size) else {
             return;
         };
-        for i in chunk_range(starts, ahead.start, ahead.end) {
-            let (Some(&chunk), Some(&start)) = (chunks.get(i), starts.get(i)) else {
-                return;
-            };
-            if self.cache.is_hot(&chunk.digest) {
-                continue;
-            }
-            let len = u64::from(chunk.len);
-            // Readahead takes a fetch slot of the mount or waits for a later read: it never
-            // queues, so a window over tiny chunks cannot start a fetch per chunk.
-            let Ok(slot) = self.fetch_slots.clone().try_acquire_owned() else {
-                state.retract(start);
-                return;
-            };
-            if !self.cache.budget().try_acquire(len) {
-                state.retract(start);
-                return;
-            }
-            let flight = self.cache.flight(
-                &self.store,
-                &chunk,
-                Want::Readahead,
-                Some(slot),
-                Some(self.cold_start.clone()),
-            );
-            let cache = self.cache.clone();
-            tokio::spawn(async move {
-                // Errors are the reader's to see when it gets there; here they are counted.
-                let _ = flight.await;
-                cache.budget().release(len);
-            });
-        }
+        let fetcher = AheadFetcher {
+            cache: &self.cache,
+            store: &self.store,
+            slots: &self.fetch_slots,
+            tally: &self.cold_start,
+        };
+        state.issue(&fetcher, ahead, chunks, starts);
     }
 }
 

@@ -4,6 +4,10 @@
 //! worker thread is never blocked on the object store; metadata answers come straight from
 //! the in-memory tree. Attributes and entries never expire (the data is immutable) and files
 //! open with `FOPEN_KEEP_CACHE`, so the page cache survives reopening.
+//!
+//! Each operation that reaches [`SealedFs`] runs in a `fuse` span (debug level, named by the
+//! operation, with its inode), so what a slow read fetched is traced under the read that
+//! waited (`RUST_LOG=sealed_mount=debug`).
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -18,6 +22,7 @@ use fuser::{
     ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use tokio::runtime::Handle;
+use tracing::Instrument;
 
 use crate::error::FsError;
 use crate::fs::SealedFs;
@@ -134,6 +139,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _span = tracing::debug_span!("fuse", op = "lookup", parent = parent.0).entered();
         match self.fs.lookup(parent.0, name.as_bytes()) {
             Ok(a) => reply.entry(&TTL, &self.attr(&a), Generation(0)),
             Err(e) => reply.error(errno(&e)),
@@ -141,6 +147,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _span = tracing::debug_span!("fuse", op = "getattr", ino = ino.0).entered();
         match self.fs.getattr(ino.0) {
             Ok(a) => reply.attr(&TTL, &self.attr(&a)),
             Err(e) => reply.error(errno(&e)),
@@ -169,6 +176,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let _span = tracing::debug_span!("fuse", op = "readlink", ino = ino.0).entered();
         match self.fs.readlink(ino.0) {
             Ok(target) => reply.data(target.as_bytes()),
             Err(e) => reply.error(errno(&e)),
@@ -244,6 +252,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let _span = tracing::debug_span!("fuse", op = "open", ino = ino.0).entered();
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY
             || flags.0 & (libc::O_TRUNC | libc::O_APPEND) != 0;
         match self.fs.open(ino.0, write) {
@@ -272,12 +281,16 @@ impl Filesystem for FuseAdapter {
         reply: ReplyData,
     ) {
         let fs = self.fs.clone();
-        self.runtime.spawn(async move {
-            match fs.read(ino.0, Some(fh.0), offset, size).await {
-                Ok(data) => reply.data(&data),
-                Err(e) => reply.error(errno(&e)),
+        let span = tracing::debug_span!("fuse", op = "read", ino = ino.0, fh = fh.0, offset, size);
+        self.runtime.spawn(
+            async move {
+                match fs.read(ino.0, Some(fh.0), offset, size).await {
+                    Ok(data) => reply.data(&data),
+                    Err(e) => reply.error(errno(&e)),
+                }
             }
-        });
+            .instrument(span),
+        );
     }
 
     fn write(
@@ -305,6 +318,7 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let _span = tracing::debug_span!("fuse", op = "release", ino = ino.0, fh = fh.0).entered();
         self.fs.release(fh.0);
         self.passthrough.release(&self.fs, fh.0);
         reply.ok();
@@ -357,6 +371,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _span = tracing::debug_span!("fuse", op = "opendir", ino = ino.0).entered();
         match self.fs.getattr(ino.0) {
             Ok(a) if a.kind == NodeType::Dir => reply.opened(
                 FileHandle(0),
@@ -375,6 +390,7 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        let _span = tracing::debug_span!("fuse", op = "readdir", ino = ino.0, offset).entered();
         let walked = self.fs.readdir_with(ino.0, offset, |entry, next| {
             let kind = match entry.kind {
                 NodeType::Dir => FileType::Directory,

@@ -8,6 +8,12 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use sealed_store::{ChunkRef, ChunkStore};
+use tokio::sync::Semaphore;
+
+use crate::cold_start::ColdStart;
+use crate::fetch::{NodeCache, Want};
+use crate::fs::chunk_range;
 use crate::metrics::MountMetrics;
 
 /// How readahead grows.
@@ -100,6 +106,62 @@ impl Readahead {
     pub fn retract(&mut self, offset: u64) {
         self.issued_until = self.issued_until.min(offset);
     }
+
+    /// Starts the fetches of the chunks that hold `ahead` (a range [`Readahead::on_read`]
+    /// returned), each in the background, not waited for: a chunk in memory or in flight is
+    /// skipped; each fetch takes a slot of the mount and bytes of the node's budget, and
+    /// when either is spent the rest of the window is retracted for the next read to issue.
+    /// `starts` are the file's chunk offsets followed by its size.
+    pub(crate) fn issue(
+        &mut self,
+        fetcher: &AheadFetcher<'_>,
+        ahead: Range<u64>,
+        chunks: &[ChunkRef],
+        starts: &[u64],
+    ) {
+        let cache = fetcher.cache;
+        for i in chunk_range(starts, ahead.start, ahead.end) {
+            let (Some(&chunk), Some(&start)) = (chunks.get(i), starts.get(i)) else {
+                return;
+            };
+            if cache.is_hot(&chunk.digest) {
+                continue;
+            }
+            let len = u64::from(chunk.len);
+            // Readahead takes a fetch slot of the mount or waits for a later read: it never
+            // queues, so a window over tiny chunks cannot start a fetch per chunk.
+            let Ok(slot) = fetcher.slots.clone().try_acquire_owned() else {
+                self.retract(start);
+                return;
+            };
+            if !cache.budget().try_acquire(len) {
+                self.retract(start);
+                return;
+            }
+            let flight = cache.flight(
+                fetcher.store,
+                &chunk,
+                Want::Readahead,
+                Some(slot),
+                Some(fetcher.tally.clone()),
+            );
+            let cache = cache.clone();
+            tokio::spawn(async move {
+                // Errors are the reader's to see when it gets there; here they are counted.
+                let _ = flight.await;
+                cache.budget().release(len);
+            });
+        }
+    }
+}
+
+/// What readahead's fetches go through: the mount's cache, store, fetch slots and cold-start
+/// tally.
+pub(crate) struct AheadFetcher<'a> {
+    pub cache: &'a NodeCache,
+    pub store: &'a ChunkStore,
+    pub slots: &'a Arc<Semaphore>,
+    pub tally: &'a Arc<ColdStart>,
 }
 
 /// The node-wide bound on bytes being read ahead (`--prefetch-memory`: the flag keeps its
