@@ -893,6 +893,7 @@ mod tests {
         let creds = SourceCredentials {
             hf_token: None,
             object_store: keys(&[("AWS_REGION", "us-east-1")]),
+            docker_config: None,
         };
         let err = BucketSource::open(&src, &creds, &SyncOptions::default(), Access::Own)
             .err()

@@ -8,6 +8,9 @@ use std::collections::BTreeMap;
 pub const ENV_PREFIX: &str = "SEALED_SOURCE_";
 /// The Hugging Face token, under [`ENV_PREFIX`].
 pub const HF_TOKEN_KEY: &str = "HF_TOKEN";
+/// An OCI registry's docker config JSON (a `kubernetes.io/dockerconfigjson` Secret's
+/// `.dockerconfigjson`), under [`ENV_PREFIX`].
+pub const DOCKER_CONFIG_KEY: &str = "DOCKER_CONFIG_JSON";
 
 /// Secrets for one source. `Debug` never prints values.
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -20,12 +23,20 @@ pub struct SourceCredentials {
     /// Empty means none: such a source is refused unless the [`crate::SourcePolicy`] allow-lists it
     /// for the ambient credentials of the process (its environment, workload identity).
     pub object_store: BTreeMap<String, String>,
+    /// An OCI registry's docker config JSON (`{"auths": {"REGISTRY": {"auth": base64
+    /// user:password}}}`, or `username`/`password`), as a `kubernetes.io/dockerconfigjson`
+    /// Secret holds it. Only the entry of the source's registry is used, and only there.
+    pub docker_config: Option<String>,
 }
 
 impl std::fmt::Debug for SourceCredentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SourceCredentials")
             .field("hf_token", &self.hf_token.as_ref().map(|_| "<redacted>"))
+            .field(
+                "docker_config",
+                &self.docker_config.as_ref().map(|_| "<redacted>"),
+            )
             .field(
                 "object_store_keys",
                 &self.object_store.keys().collect::<Vec<_>>(),
@@ -47,10 +58,17 @@ impl SourceCredentials {
                 !public.iter().any(|p| k.contains(p))
             })
             .map(|(_, v)| v);
+        let docker = self
+            .docker_config
+            .as_deref()
+            .map(crate::oci::docker_config_secrets)
+            .unwrap_or_default();
         let mut out: Vec<String> = self
             .hf_token
             .iter()
             .chain(secret_values)
+            .chain(docker.iter())
+            .chain(self.docker_config.iter())
             .filter(|v| v.len() >= 4)
             .cloned()
             .collect();
@@ -65,6 +83,9 @@ impl SourceCredentials {
         let mut env = BTreeMap::new();
         if let Some(token) = &self.hf_token {
             env.insert(format!("{ENV_PREFIX}{HF_TOKEN_KEY}"), token.clone());
+        }
+        if let Some(config) = &self.docker_config {
+            env.insert(format!("{ENV_PREFIX}{DOCKER_CONFIG_KEY}"), config.clone());
         }
         for (k, v) in &self.object_store {
             env.insert(format!("{ENV_PREFIX}{k}"), v.clone());
@@ -81,6 +102,8 @@ impl SourceCredentials {
             };
             if key == HF_TOKEN_KEY {
                 creds.hf_token = Some(v);
+            } else if key == DOCKER_CONFIG_KEY {
+                creds.docker_config = Some(v);
             } else if !key.is_empty() {
                 creds.object_store.insert(key.to_string(), v);
             }

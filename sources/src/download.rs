@@ -99,6 +99,11 @@ impl<R> Tap<R> {
         self
     }
 
+    /// Bytes read so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.read
+    }
+
     pub fn finish(self) -> Tapped {
         Tapped {
             sha256: hex::encode(self.sha256.finalize()),

@@ -1,10 +1,11 @@
-//! Source readers: stream a Hugging Face repository or an object-store prefix into the store
+//! Source readers: stream a Hugging Face repository, an object-store prefix or an OCI
+//! registry's model (a ModelPack artifact, an image's directory) into the store
 //! and seal it, with nothing staged on disk.
 //!
 //! [`sync_source`] is the one entry point. It first checks the source against the
 //! [`SourcePolicy`] (never the store, never a local path or plain http without the operator's
 //! flags, never the process's own credentials unless allow-listed), then resolves the source to an immutable revision (a
-//! Hub commit, or a hash of the listing's ETags), lists the files, streams each one through
+//! Hub commit, a hash of the listing's ETags, an OCI manifest digest), lists the files, streams each one through
 //! [`sealed_store::ingest::Ingest`] (the same chunker and manifest as `sealed push`, so the same
 //! files give the same digest) and seals the version. The operator's controller calls it inline;
 //! the `sealed-operator sync` Job calls it too. Errors are [`SourceError`]s whose
@@ -14,7 +15,7 @@
 //! Kubernetes-free: the operator converts its API type into a [`SourceSpec`] and these
 //! errors into conditions. Modules: [`spec`] (what to read), [`policy`] (what may be read,
 //! and with whose credentials), [`credentials`] (the secrets, and their form in a sync Job's
-//! environment), [`huggingface`] and [`bucket`] (the two readers), [`limits`] (how much a
+//! environment), [`huggingface`], [`bucket`] and [`oci`] (the three readers), [`limits`] (how much a
 //! source may send), [`options`], [`progress`], [`error`] and [`redact`]; the sync itself is in
 //! `sync.rs`, one file's download (hashing, size, retries) in `download.rs`.
 
@@ -25,6 +26,7 @@ pub mod egress;
 pub mod error;
 pub mod huggingface;
 pub mod limits;
+pub mod oci;
 pub mod options;
 pub mod policy;
 pub mod progress;
@@ -40,5 +42,5 @@ pub use options::SyncOptions;
 pub use policy::{Access, SourcePolicy};
 pub use progress::{NoReporter, SyncReporter};
 pub use redact::{redact_url, redact_urls_in};
-pub use spec::{BucketPrefix, HubRepo, HubRepoType, SourceSpec};
+pub use spec::{BucketPrefix, HubRepo, HubRepoType, OciArtifact, SourceSpec};
 pub use sync::{SyncOutcome, resolve_revision, sync_source};

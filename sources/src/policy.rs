@@ -135,6 +135,25 @@ impl SourcePolicy {
                 })
             }
             SourceSpec::ObjectStore(os) => self.check_object_store(os, has_credentials),
+            SourceSpec::Oci(oci) => {
+                let endpoint = crate::oci::endpoint(oci)?;
+                if endpoint.scheme() == "http" && !self.allow_http {
+                    return Err(SourceError::Refused(format!(
+                        "spec.source.oci: the registry {} is plain http: credentials or the \
+                         layers could be read or changed on the way; use https (plain http is \
+                         allowed only when the operator runs with {ALLOW_HTTP_FLAG})",
+                        redact_url(endpoint.as_str())
+                    )));
+                }
+                self.egress
+                    .check_url(&endpoint)
+                    .map_err(|e| SourceError::Refused(format!("spec.source.oci: {e}")))?;
+                Ok(if has_credentials {
+                    Access::Own
+                } else {
+                    Access::Anonymous
+                })
+            }
             SourceSpec::Upload => Err(SourceError::NotSyncable),
         }
     }
@@ -286,6 +305,7 @@ pub fn credential_target(
 ) -> Result<Option<Target>, SourceError> {
     match source {
         SourceSpec::HuggingFace(hf) => Ok(Target::of(&hub_endpoint(hf)?)),
+        SourceSpec::Oci(oci) => Ok(Target::of(&crate::oci::endpoint(oci)?)),
         SourceSpec::ObjectStore(os) => {
             let loc = Location::parse(&os.url, os.endpoint.as_deref(), "spec.source.objectStore")?;
             if let Some(t) = loc.endpoint.as_deref().and_then(|e| Url::parse(e).ok()) {

@@ -14,6 +14,8 @@ pub enum SourceSpec {
     HuggingFace(HubRepo),
     /// Objects under a prefix of a bucket or container.
     ObjectStore(BucketPrefix),
+    /// A model in an OCI registry: a CNCF ModelPack artifact, or a directory of an image.
+    Oci(OciArtifact),
     /// Versions arrive from `sealed push`: nothing to sync.
     Upload,
 }
@@ -51,6 +53,21 @@ pub struct BucketPrefix {
     pub endpoint: Option<String>,
     /// The region (S3); `None` means the provider's default.
     pub region: Option<String>,
+}
+
+/// A model in an OCI registry ([`crate::oci`]): a CNCF ModelPack artifact (every file
+/// layer), or a directory of an image's filesystem (`path`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OciArtifact {
+    /// `REGISTRY/REPO:TAG` or `REGISTRY/REPO@sha256:<64 hex>`, optionally written with an
+    /// `oci://` prefix; no tag and no digest means `:latest`.
+    pub reference: String,
+    /// For an image: the directory of its filesystem that becomes the version (`/models`).
+    /// `None` for a ModelPack artifact (an image without it is refused).
+    pub path: Option<String>,
+    /// The registry's API base URL (`http://127.0.0.1:5000` for a test registry); `None`
+    /// means `https://REGISTRY`.
+    pub endpoint: Option<String>,
 }
 
 /// Compiles include/exclude patterns (fnmatch-style, as `huggingface_hub` applies them: `*`

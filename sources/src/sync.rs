@@ -14,7 +14,7 @@ use crate::error::SourceError;
 use crate::options::SyncOptions;
 use crate::progress::{IngestProgress, SyncReporter};
 use crate::spec::SourceSpec;
-use crate::{bucket, huggingface, policy};
+use crate::{bucket, huggingface, oci, policy};
 
 /// What a finished sync sealed. Also the success line a sync Job writes to its termination
 /// log, so it is serializable (camelCase, as the API's status fields).
@@ -23,8 +23,9 @@ use crate::{bucket, huggingface, policy};
 pub struct SyncOutcome {
     /// The version's digest, exactly what `sealed push` of the same files gives.
     pub digest: Digest,
-    /// The immutable source revision: the Hub commit (40 hex), or for an object store
-    /// `etags:<64 hex>`, a BLAKE3 over the sorted (path, ETag, size) listing.
+    /// The immutable source revision: the Hub commit (40 hex), for an object store
+    /// `etags:<64 hex>`, a BLAKE3 over the sorted (path, ETag, size) listing, for an OCI
+    /// registry the manifest's (or index's) digest, `sha256:<64 hex>`.
     #[serde(default)]
     pub source_revision: String,
     /// Files synced (after include/exclude).
@@ -44,6 +45,10 @@ fn has_credentials(source: &SourceSpec, creds: &SourceCredentials) -> bool {
     match source {
         SourceSpec::HuggingFace(_) => creds.hf_token.as_deref().is_some_and(|t| !t.is_empty()),
         SourceSpec::ObjectStore(_) => !creds.object_store.is_empty(),
+        SourceSpec::Oci(_) => creds
+            .docker_config
+            .as_deref()
+            .is_some_and(|c| !c.is_empty()),
         SourceSpec::Upload => false,
     }
 }
@@ -52,6 +57,13 @@ fn has_credentials(source: &SourceSpec, creds: &SourceCredentials) -> bool {
 enum Opened {
     Hub(Box<huggingface::HubSource>),
     Bucket(bucket::BucketSource),
+    Oci(Box<oci::OciSource>),
+}
+
+/// What a sync streams: files from a listing, or an OCI manifest's layers.
+enum Planned {
+    Files(Vec<RemoteFile>),
+    Layers(oci::Plan),
 }
 
 impl Opened {
@@ -74,6 +86,7 @@ impl Opened {
             SourceSpec::ObjectStore(os) => Ok(Opened::Bucket(bucket::BucketSource::open(
                 os, creds, opts, access,
             )?)),
+            SourceSpec::Oci(o) => Ok(Opened::Oci(Box::new(oci::OciSource::open(o, creds, opts)?))),
             SourceSpec::Upload => Err(SourceError::NotSyncable),
         }
     }
@@ -82,6 +95,7 @@ impl Opened {
         match self {
             Opened::Hub(h) => h.describe(),
             Opened::Bucket(b) => b.describe(),
+            Opened::Oci(o) => o.describe(),
         }
     }
 }
@@ -97,6 +111,7 @@ pub async fn resolve_revision(
         match Opened::open(source, creds, opts, None)? {
             Opened::Hub(hub) => hub.resolve().await,
             Opened::Bucket(bucket) => Ok(bucket.list().await?.0),
+            Opened::Oci(oci) => oci.resolve().await,
         }
     };
     resolved.await.map_err(SourceError::redacted)
@@ -124,17 +139,30 @@ async fn sync_inner(
 ) -> Result<SyncOutcome, SourceError> {
     let opened = Opened::open(source, creds, opts, Some(store))?;
     let what = opened.describe();
-    let (revision, files) = match &opened {
+    let (revision, planned) = match &opened {
         Opened::Hub(hub) => {
             let commit = hub.resolve().await?;
             let files = hub.list(&commit).await?;
-            (commit, files)
+            (commit, Planned::Files(files))
         }
-        Opened::Bucket(bucket) => bucket.list().await?,
+        Opened::Bucket(bucket) => {
+            let (revision, files) = bucket.list().await?;
+            (revision, Planned::Files(files))
+        }
+        Opened::Oci(oci) => {
+            let (digest, plan) = oci.plan().await?;
+            (digest, Planned::Layers(plan))
+        }
     };
-    let file_count = files.len() as u64;
-    // Sizes are the listing's claims: a sum that cannot overflow.
-    let bytes = files.iter().fold(0u64, |sum, f| sum.saturating_add(f.size));
+    // Sizes are the listing's claims: a sum that cannot overflow. For an OCI source, the
+    // layers and their sizes.
+    let (file_count, bytes) = match &planned {
+        Planned::Files(files) => (
+            files.len() as u64,
+            files.iter().fold(0u64, |sum, f| sum.saturating_add(f.size)),
+        ),
+        Planned::Layers(plan) => (plan.layers(), plan.bytes()),
+    };
     tracing::info!(source = %what, revision = %revision, files = file_count, bytes, "syncing");
     progress.listed(file_count, bytes);
 
@@ -151,18 +179,33 @@ async fn sync_inner(
     )
     .await?;
     ingest.start(bytes);
-    let streamed = {
-        let (ingest, opened, revision, progress) = (&ingest, &opened, &revision, &progress);
-        futures::stream::iter(files.into_iter().map(Ok))
-            .try_for_each_concurrent(opts.parallel_files.max(1), |file: RemoteFile| async move {
-                match opened {
-                    Opened::Hub(hub) => hub.fetch(ingest, revision, &file, progress).await?,
-                    Opened::Bucket(bucket) => bucket.fetch(ingest, &file, progress).await?,
-                }
-                progress.file_done(&file.path, file.size);
-                Ok::<_, SourceError>(())
-            })
-            .await
+    let streamed = match (planned, &opened) {
+        (Planned::Layers(plan), Opened::Oci(oci)) => {
+            oci.stream(&ingest, &plan, opts.parallel_files, &progress)
+                .await
+        }
+        (Planned::Layers(_), _) => Err(SourceError::Invalid("layers of a non-OCI source".into())),
+        (Planned::Files(files), opened) => {
+            let (ingest, revision, progress) = (&ingest, &revision, &progress);
+            futures::stream::iter(files.into_iter().map(Ok))
+                .try_for_each_concurrent(
+                    opts.parallel_files.max(1),
+                    |file: RemoteFile| async move {
+                        match opened {
+                            Opened::Hub(hub) => {
+                                hub.fetch(ingest, revision, &file, progress).await?
+                            }
+                            Opened::Bucket(bucket) => bucket.fetch(ingest, &file, progress).await?,
+                            Opened::Oci(_) => {
+                                return Err(SourceError::Invalid("files of an OCI source".into()));
+                            }
+                        }
+                        progress.file_done(&file.path, file.size);
+                        Ok::<_, SourceError>(())
+                    },
+                )
+                .await
+        }
     };
     if let Err(e) = streamed {
         ingest.abort().await;

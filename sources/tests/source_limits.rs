@@ -393,6 +393,7 @@ async fn an_endless_bucket_listing_page_is_cut_off() {
             ("AWS_SECRET_ACCESS_KEY".to_owned(), "s".to_owned()),
         ]
         .into(),
+        docker_config: None,
     };
     // No entry bound gets in first: the page itself must be cut.
     let options = SyncOptions {

@@ -411,6 +411,7 @@ fn aws(key: &str, secret: &str) -> SourceCredentials {
             ("AWS_ACCESS_KEY_ID".to_owned(), key.to_owned()),
             ("AWS_SECRET_ACCESS_KEY".to_owned(), secret.to_owned()),
         ]),
+        docker_config: None,
     }
 }
 
@@ -505,6 +506,7 @@ async fn s3_sync_matches_push() {
         &SourceCredentials {
             hf_token: None,
             object_store: BTreeMap::from([("AWS_ACCESS_KEY_ID".to_owned(), "testing".to_owned())]),
+            docker_config: None,
         },
     )
     .await
@@ -554,6 +556,7 @@ async fn azure_sync_matches_push() {
             ),
             ("AZURE_STORAGE_ACCOUNT_KEY".to_owned(), key.to_owned()),
         ]),
+        docker_config: None,
     };
     let source = SourceSpec::ObjectStore(BucketPrefix {
         url: "az://models/llm".into(),
@@ -604,6 +607,7 @@ fn gcs_creds(key: &str) -> SourceCredentials {
     SourceCredentials {
         hf_token: None,
         object_store: BTreeMap::from([("GOOGLE_SERVICE_ACCOUNT_KEY".to_owned(), key.to_owned())]),
+        docker_config: None,
     }
 }
 
