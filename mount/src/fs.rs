@@ -20,7 +20,7 @@ use crate::link::Link;
 use crate::metrics::MountMetrics;
 use crate::prefetch::ModelPrefetch;
 use crate::readahead::{AheadFetcher, Readahead, ReadaheadPolicy};
-use crate::tree::{Attr, DirEntry, Node, NodeType, ROOT_INO, Tree};
+use crate::tree::{Attr, DirEntry, Node, NodeType, ROOT_INO, Tree, chunk_range};
 
 /// What `statfs` answers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -318,13 +318,6 @@ impl SealedFs {
         self.handles.lock().remove(&fh);
     }
 
-    /// File `ino` was opened (after [`SealedFs::open`]): with the model-aware prefetch on,
-    /// the first open of a model file starts fetching its tensors in the background
-    /// (`crate::prefetch`). Needs a tokio runtime context; the FUSE adapter calls it.
-    pub fn opened(self: &Arc<Self>, ino: u64) {
-        crate::prefetch::on_open(self, ino);
-    }
-
     /// A handle of `ino` was released: if every chunk of the file is on the node now, it is
     /// assembled into a hydrated file in the background (`crate::hydrate`). Needs a tokio
     /// runtime context.
@@ -518,38 +511,5 @@ impl SealedFs {
             tally: &self.cold_start,
         };
         state.issue(&fetcher, ahead, chunks, starts);
-    }
-}
-
-/// Indices of the chunks that hold `[offset, end)`; `starts` are the chunk offsets followed
-/// by the file size.
-pub(crate) fn chunk_range(starts: &[u64], offset: u64, end: u64) -> std::ops::Range<usize> {
-    let chunks = starts.len().saturating_sub(1);
-    if offset >= end {
-        return 0..0;
-    }
-    // The chunk containing `offset`: the last start <= offset.
-    let first = starts[..chunks]
-        .partition_point(|&s| s <= offset)
-        .saturating_sub(1);
-    // The chunks starting before `end`.
-    let last = starts[..chunks].partition_point(|&s| s < end);
-    first..last.max(first)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn chunk_range_maps_offsets() {
-        let starts = [0, 10, 20, 25];
-        assert_eq!(chunk_range(&starts, 0, 1), 0..1);
-        assert_eq!(chunk_range(&starts, 9, 11), 0..2);
-        assert_eq!(chunk_range(&starts, 10, 20), 1..2);
-        assert_eq!(chunk_range(&starts, 0, 25), 0..3);
-        assert_eq!(chunk_range(&starts, 24, 25), 2..3);
-        assert_eq!(chunk_range(&starts, 5, 5), 0..0);
-        assert_eq!(chunk_range(&[0], 0, 0), 0..0);
     }
 }

@@ -260,7 +260,7 @@ impl Filesystem for FuseAdapter {
                 {
                     // Model-aware prefetch starts in the background (`crate::prefetch`).
                     let _runtime = self.runtime.enter();
-                    self.fs.opened(ino.0);
+                    crate::prefetch::on_open(&self.fs, ino.0);
                 }
                 self.passthrough.open(&self.fs, ino.0, fh, reply)
             }

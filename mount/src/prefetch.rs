@@ -246,9 +246,10 @@ impl ModelPrefetch {
     }
 }
 
-/// File `ino` of `fs` was opened: under `model`, the first open of a model file starts its
-/// prefetch in the background. Needs a tokio runtime context.
-pub(crate) fn on_open(fs: &Arc<SealedFs>, ino: u64) {
+/// File `ino` of `fs` was opened (after [`SealedFs::open`]; the FUSE adapter calls this):
+/// under `model`, the first open of a model file starts its prefetch in the background.
+/// Needs a tokio runtime context.
+pub fn on_open(fs: &Arc<SealedFs>, ino: u64) {
     let model = fs.model_prefetch();
     if !model.enabled() {
         return;
@@ -454,12 +455,12 @@ pub(crate) fn chunk_order(starts: &[u64], layout: Option<&ModelLayout>) -> Vec<u
         }
     };
     take(
-        crate::fs::chunk_range(starts, 0, layout.header_len),
+        crate::tree::chunk_range(starts, 0, layout.header_len),
         &mut order,
     );
     for tensor in &layout.tensors {
         take(
-            crate::fs::chunk_range(starts, tensor.start, tensor.end),
+            crate::tree::chunk_range(starts, tensor.start, tensor.end),
             &mut order,
         );
     }

@@ -13,8 +13,8 @@ use tokio::sync::Semaphore;
 
 use crate::cold_start::ColdStart;
 use crate::fetch::{NodeCache, Want};
-use crate::fs::chunk_range;
 use crate::metrics::MountMetrics;
+use crate::tree::chunk_range;
 
 /// How readahead grows.
 #[derive(Clone, Copy, Debug)]

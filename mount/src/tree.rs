@@ -249,6 +249,22 @@ impl Tree {
     }
 }
 
+/// Indices of the chunks that hold `[offset, end)`; `starts` are the chunk offsets followed
+/// by the file size.
+pub(crate) fn chunk_range(starts: &[u64], offset: u64, end: u64) -> std::ops::Range<usize> {
+    let chunks = starts.len().saturating_sub(1);
+    if offset >= end {
+        return 0..0;
+    }
+    // The chunk containing `offset`: the last start <= offset.
+    let first = starts[..chunks]
+        .partition_point(|&s| s <= offset)
+        .saturating_sub(1);
+    // The chunks starting before `end`.
+    let last = starts[..chunks].partition_point(|&s| s < end);
+    first..last.max(first)
+}
+
 #[cfg(test)]
 mod tests {
     use sealed_store::{ChunkParams, ChunkRef, Digest, Entry};
@@ -322,5 +338,17 @@ mod tests {
         })
         .unwrap_err();
         assert!(err.contains("sum to 3, file size is 4"), "{err}");
+    }
+
+    #[test]
+    fn chunk_range_maps_offsets() {
+        let starts = [0, 10, 20, 25];
+        assert_eq!(chunk_range(&starts, 0, 1), 0..1);
+        assert_eq!(chunk_range(&starts, 9, 11), 0..2);
+        assert_eq!(chunk_range(&starts, 10, 20), 1..2);
+        assert_eq!(chunk_range(&starts, 0, 25), 0..3);
+        assert_eq!(chunk_range(&starts, 24, 25), 2..3);
+        assert_eq!(chunk_range(&starts, 5, 5), 0..0);
+        assert_eq!(chunk_range(&[0], 0, 0), 0..0);
     }
 }

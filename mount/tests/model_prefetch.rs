@@ -609,8 +609,8 @@ async fn the_tensors_are_fetched_in_ascending_offset_order() {
         }
         let before = v.recorder.chunk_gets().len();
         let fh = fs.open(ino, false).unwrap();
-        fs.opened(ino);
-        fs.opened(ino);
+        sealed_mount::prefetch::on_open(&fs, ino);
+        sealed_mount::prefetch::on_open(&fs, ino);
         let keys = v.chunk_keys(rel);
         let start = Instant::now();
         while v.recorder.chunk_gets().len() < before + keys.len() {
@@ -649,7 +649,7 @@ async fn without_a_disk_tier_only_the_first_window_is_prefetched() {
     let rel = "model-00001-of-00001.safetensors";
     let ino = fs.lookup(ROOT_INO, rel.as_bytes()).map(|a| a.ino).unwrap();
     let fh = fs.open(ino, false).unwrap();
-    fs.opened(ino);
+    sealed_mount::prefetch::on_open(&fs, ino);
     // Until the fetches stop (bounded: with the prefetch broken the file is never counted).
     let started = Instant::now();
     let mut last = (usize::MAX, Instant::now());
