@@ -7,32 +7,27 @@
 mod common;
 
 use std::collections::HashSet;
-use std::fmt;
 use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use common::*;
-use futures::stream::BoxStream;
+use futures::future::BoxFuture;
+use object_store::GetResult;
 use object_store::path::Path as ObjectPath;
-use object_store::{
-    GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult,
-};
 use sealed_mount::tree::ROOT_INO;
 use sealed_mount::{
     MountHandle, MountLimits, MountOptions, NodeCache, NodeCacheOptions, PrefetchSelection,
     ReadaheadPolicy, SealedFs, Tree,
 };
 use sealed_store::{ChunkStore, Digest, EntryKind, FileEntry, Manifest};
+use sealed_test_support::is_chunk;
 
-/// Wraps a store and records the key of every chunk GET, in the order they arrive.
-#[derive(Debug)]
+/// Records the key of every chunk GET of the store it hooks, in the order they arrive.
+#[derive(Debug, Default)]
 struct Recorder {
-    inner: Arc<dyn ObjectStore>,
     gets: std::sync::Mutex<Vec<String>>,
 }
 
@@ -42,70 +37,16 @@ impl Recorder {
     }
 }
 
-impl fmt::Display for Recorder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "recorder({})", self.inner)
-    }
-}
-
-#[async_trait]
-impl ObjectStore for Recorder {
-    async fn put_opts(
-        &self,
-        location: &ObjectPath,
-        payload: PutPayload,
-        opts: PutOptions,
-    ) -> object_store::Result<PutResult> {
-        self.inner.put_opts(location, payload, opts).await
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &ObjectPath,
-        opts: PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
-    }
-
-    async fn get_opts(
-        &self,
-        location: &ObjectPath,
-        options: GetOptions,
-    ) -> object_store::Result<GetResult> {
-        if location.as_ref().starts_with("chunks/") {
+impl GetHook for Recorder {
+    fn around_get<'a>(
+        &'a self,
+        location: &'a ObjectPath,
+        get: BoxFuture<'a, object_store::Result<GetResult>>,
+    ) -> BoxFuture<'a, object_store::Result<GetResult>> {
+        if is_chunk(location) {
             self.gets.lock().unwrap().push(location.to_string());
         }
-        self.inner.get_opts(location, options).await
-    }
-
-    async fn delete(&self, location: &ObjectPath) -> object_store::Result<()> {
-        self.inner.delete(location).await
-    }
-
-    fn list(
-        &self,
-        prefix: Option<&ObjectPath>,
-    ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.inner.list(prefix)
-    }
-
-    async fn list_with_delimiter(
-        &self,
-        prefix: Option<&ObjectPath>,
-    ) -> object_store::Result<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
-    }
-
-    async fn copy(&self, from: &ObjectPath, to: &ObjectPath) -> object_store::Result<()> {
-        self.inner.copy(from, to).await
-    }
-
-    async fn copy_if_not_exists(
-        &self,
-        from: &ObjectPath,
-        to: &ObjectPath,
-    ) -> object_store::Result<()> {
-        self.inner.copy_if_not_exists(from, to).await
+        get
     }
 }
 
@@ -283,11 +224,9 @@ impl Version {
         let plain = file_store(&tmp.path().join("store")).await;
         let digest = push_dir(&plain, &src).await;
         let manifest = plain.get_manifest(&digest).await.unwrap();
-        let recorder = Arc::new(Recorder {
-            inner: plain.object_store().clone(),
-            gets: Default::default(),
-        });
-        let store = ChunkStore::from_object_store(recorder.clone(), "recorder");
+        let recorder = Arc::new(Recorder::default());
+        let hooked = HookedStore::new(plain.object_store().clone(), recorder.clone());
+        let store = ChunkStore::from_object_store(hooked, "recorder");
         Version {
             _tmp: tmp,
             src,

@@ -3,102 +3,42 @@
 
 mod support;
 
-use std::fmt;
-use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use bytes::Bytes;
-use futures::stream::BoxStream;
+use futures::future::BoxFuture;
+use object_store::GetResult;
 use object_store::path::Path as ObjectPath;
-use object_store::{
-    GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult,
-};
 use sealed_store::pull::{PullOptions, pull};
 use sealed_store::{ChunkStore, NoProgress};
 use support::*;
 
 /// Counts chunk GETs in flight (the request until its body is read) and the most at once.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Gauge {
-    inner: Arc<dyn ObjectStore>,
     now: AtomicUsize,
     most: AtomicUsize,
 }
 
-impl fmt::Display for Gauge {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "gauge({})", self.inner)
-    }
-}
-
-#[async_trait]
-impl ObjectStore for Gauge {
-    async fn put_opts(
-        &self,
-        location: &ObjectPath,
-        payload: PutPayload,
-        opts: PutOptions,
-    ) -> object_store::Result<PutResult> {
-        self.inner.put_opts(location, payload, opts).await
-    }
-    async fn put_multipart_opts(
-        &self,
-        location: &ObjectPath,
-        opts: PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
-    }
-    async fn get_opts(
-        &self,
-        location: &ObjectPath,
-        options: GetOptions,
-    ) -> object_store::Result<GetResult> {
-        if !location.as_ref().starts_with("chunks/") {
-            return self.inner.get_opts(location, options).await;
+impl GetHook for Gauge {
+    fn around_get<'a>(
+        &'a self,
+        location: &'a ObjectPath,
+        get: BoxFuture<'a, object_store::Result<GetResult>>,
+    ) -> BoxFuture<'a, object_store::Result<GetResult>> {
+        if !is_chunk(location) {
+            return get;
         }
-        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
-        self.most.fetch_max(now, Ordering::SeqCst);
-        // A store with a round trip: fetches overlap, so the bound is what limits them.
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        let result = self.inner.get_opts(location, options).await;
-        self.now.fetch_sub(1, Ordering::SeqCst);
-        result
-    }
-    async fn get_ranges(
-        &self,
-        location: &ObjectPath,
-        ranges: &[Range<u64>],
-    ) -> object_store::Result<Vec<Bytes>> {
-        self.inner.get_ranges(location, ranges).await
-    }
-    async fn delete(&self, location: &ObjectPath) -> object_store::Result<()> {
-        self.inner.delete(location).await
-    }
-    fn list(
-        &self,
-        prefix: Option<&ObjectPath>,
-    ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.inner.list(prefix)
-    }
-    async fn list_with_delimiter(
-        &self,
-        prefix: Option<&ObjectPath>,
-    ) -> object_store::Result<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
-    }
-    async fn copy(&self, from: &ObjectPath, to: &ObjectPath) -> object_store::Result<()> {
-        self.inner.copy(from, to).await
-    }
-    async fn copy_if_not_exists(
-        &self,
-        from: &ObjectPath,
-        to: &ObjectPath,
-    ) -> object_store::Result<()> {
-        self.inner.copy_if_not_exists(from, to).await
+        Box::pin(async move {
+            let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most.fetch_max(now, Ordering::SeqCst);
+            // A store with a round trip: fetches overlap, so the bound is what limits them.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let result = get.await;
+            self.now.fetch_sub(1, Ordering::SeqCst);
+            result
+        })
     }
 }
 
@@ -116,12 +56,9 @@ async fn fixture(work: &std::path::Path) -> (Arc<Gauge>, ChunkStore, sealed_stor
     }
     let plain = file_store(&work.join("store")).await;
     let digest = push_dir(&plain, &src).await.digest;
-    let gauge = Arc::new(Gauge {
-        inner: plain.object_store().clone(),
-        now: AtomicUsize::new(0),
-        most: AtomicUsize::new(0),
-    });
-    let store = ChunkStore::from_object_store(gauge.clone(), "gauge");
+    let gauge = Arc::new(Gauge::default());
+    let hooked = HookedStore::new(plain.object_store().clone(), gauge.clone());
+    let store = ChunkStore::from_object_store(hooked, "gauge");
     (gauge, store, digest)
 }
 

@@ -4,21 +4,17 @@
 
 pub mod s3;
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 
-use async_trait::async_trait;
-use futures::stream::BoxStream;
+use futures::future::BoxFuture;
+use object_store::GetResult;
 use object_store::path::Path as ObjectPath;
-use object_store::{
-    GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult,
-};
 use rand::{Rng, SeedableRng};
 use sealed_store::push::{PushOptions, push};
 use sealed_store::{ChunkStore, Digest, NoProgress};
+pub use sealed_test_support::{GetHook, HookedStore};
 
 /// True where FUSE mounts can be made; otherwise says why the test is skipped.
 pub fn fuse_available() -> bool {
@@ -161,11 +157,10 @@ pub const OK: u8 = 0;
 pub const HANG: u8 = 1;
 pub const FAIL: u8 = 2;
 
-/// Wraps a store; chunk GETs can be made to hang or fail, and are counted; the next few
-/// manifest GETs can be made to fail.
+/// The faults of a store behind it (a [`GetHook`] of a [`HookedStore`]): chunk GETs can be
+/// made to hang or fail, and are counted; the next few manifest GETs can be made to fail.
 #[derive(Debug)]
 pub struct FaultyStore {
-    pub inner: Arc<dyn ObjectStore>,
     pub mode: AtomicU8,
     pub chunk_gets: AtomicU64,
     pub manifest_gets: AtomicU64,
@@ -177,9 +172,8 @@ pub struct FaultyStore {
 }
 
 impl FaultyStore {
-    pub fn wrap(inner: Arc<dyn ObjectStore>) -> Arc<FaultyStore> {
+    pub fn new() -> Arc<FaultyStore> {
         Arc::new(FaultyStore {
-            inner,
             mode: AtomicU8::new(OK),
             chunk_gets: AtomicU64::new(0),
             manifest_gets: AtomicU64::new(0),
@@ -219,8 +213,9 @@ impl FaultyStore {
 
 /// `store`'s objects behind a [`FaultyStore`]: the switch, and the store to mount from.
 pub fn faulty(store: &ChunkStore) -> (Arc<FaultyStore>, ChunkStore) {
-    let faulty = FaultyStore::wrap(store.object_store().clone());
-    let store = ChunkStore::from_object_store(faulty.clone(), "faulty");
+    let faulty = FaultyStore::new();
+    let hooked = HookedStore::new(store.object_store().clone(), faulty.clone());
+    let store = ChunkStore::from_object_store(hooked, "faulty");
     (faulty, store)
 }
 
@@ -233,102 +228,50 @@ pub fn cache_with(policy: sealed_mount::FetchPolicy) -> sealed_mount::NodeCache 
     .expect("a node cache")
 }
 
-impl fmt::Display for FaultyStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "faulty({})", self.inner)
-    }
-}
-
-#[async_trait]
-impl ObjectStore for FaultyStore {
-    async fn put_opts(
-        &self,
-        location: &ObjectPath,
-        payload: PutPayload,
-        opts: PutOptions,
-    ) -> object_store::Result<PutResult> {
-        self.inner.put_opts(location, payload, opts).await
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &ObjectPath,
-        opts: PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
-    }
-
-    async fn get_opts(
-        &self,
-        location: &ObjectPath,
-        options: GetOptions,
-    ) -> object_store::Result<GetResult> {
-        if location.as_ref().starts_with("chunks/") {
-            self.chunk_gets.fetch_add(1, Ordering::SeqCst);
-            let delay = self.chunk_delay_ms.load(Ordering::SeqCst);
-            if delay > 0 {
-                tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+impl GetHook for FaultyStore {
+    fn around_get<'a>(
+        &'a self,
+        location: &'a ObjectPath,
+        get: BoxFuture<'a, object_store::Result<GetResult>>,
+    ) -> BoxFuture<'a, object_store::Result<GetResult>> {
+        Box::pin(async move {
+            if location.as_ref().starts_with("chunks/") {
+                self.chunk_gets.fetch_add(1, Ordering::SeqCst);
+                let delay = self.chunk_delay_ms.load(Ordering::SeqCst);
+                if delay > 0 {
+                    tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+                }
+                match self.mode.load(Ordering::SeqCst) {
+                    HANG => futures::future::pending::<()>().await,
+                    FAIL => {
+                        return Err(object_store::Error::Generic {
+                            store: "faulty",
+                            source: "injected failure".into(),
+                        });
+                    }
+                    _ => {}
+                }
             }
-            match self.mode.load(Ordering::SeqCst) {
-                HANG => futures::future::pending::<()>().await,
-                FAIL => {
+            while location.as_ref().starts_with("profiles/")
+                && self.hold_profile_gets.load(Ordering::SeqCst)
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            if location.as_ref().starts_with("manifests/") {
+                self.manifest_gets.fetch_add(1, Ordering::SeqCst);
+                let fail = self
+                    .manifest_failures
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok();
+                if fail {
                     return Err(object_store::Error::Generic {
                         store: "faulty",
-                        source: "injected failure".into(),
+                        source: "injected manifest failure".into(),
                     });
                 }
-                _ => {}
             }
-        }
-        while location.as_ref().starts_with("profiles/")
-            && self.hold_profile_gets.load(Ordering::SeqCst)
-        {
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-        if location.as_ref().starts_with("manifests/") {
-            self.manifest_gets.fetch_add(1, Ordering::SeqCst);
-            let fail = self
-                .manifest_failures
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok();
-            if fail {
-                return Err(object_store::Error::Generic {
-                    store: "faulty",
-                    source: "injected manifest failure".into(),
-                });
-            }
-        }
-        self.inner.get_opts(location, options).await
-    }
-
-    async fn delete(&self, location: &ObjectPath) -> object_store::Result<()> {
-        self.inner.delete(location).await
-    }
-
-    fn list(
-        &self,
-        prefix: Option<&ObjectPath>,
-    ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.inner.list(prefix)
-    }
-
-    async fn list_with_delimiter(
-        &self,
-        prefix: Option<&ObjectPath>,
-    ) -> object_store::Result<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
-    }
-
-    async fn copy(&self, from: &ObjectPath, to: &ObjectPath) -> object_store::Result<()> {
-        self.inner.copy(from, to).await
-    }
-
-    async fn copy_if_not_exists(
-        &self,
-        from: &ObjectPath,
-        to: &ObjectPath,
-    ) -> object_store::Result<()> {
-        self.inner.copy_if_not_exists(from, to).await
+            get.await
+        })
     }
 }
 
