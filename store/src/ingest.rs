@@ -27,8 +27,9 @@ use crate::manifest::{
     ChunkRef, Entry, EntryKind, FileEntry, Manifest, validate_path, validate_symlink_target,
 };
 use crate::progress::{Phase, Progress};
-use crate::push::{PushReport, seal_manifest};
+use crate::push::PushReport;
 use crate::scan::check_symlink_loops;
+use crate::seal::seal_manifest;
 use crate::store::{ChunkStore, validate_volume_name};
 use crate::upload::{ChunkSender, Uploader, UploaderStopped};
 use crate::writer_lease::WriterLease;

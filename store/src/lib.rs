@@ -31,6 +31,7 @@ pub mod push;
 pub mod refs;
 pub mod retry;
 pub mod scan;
+mod seal;
 pub mod stat_cache;
 pub mod store;
 pub mod trash;
