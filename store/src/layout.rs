@@ -19,6 +19,7 @@
 use object_store::path::{Path as ObjectPath, PathPart};
 
 use crate::digest::Digest;
+use crate::error::{Error, Result};
 
 const CHUNKS: &str = "chunks";
 const MANIFESTS: &str = "manifests";
@@ -112,6 +113,27 @@ pub fn volume_record_key(volume: &str, digest: &Digest) -> ObjectPath {
     volume_prefix(volume).child(digest.hex())
 }
 
+/// Volume names are `name` or `namespace/name`, each part a DNS-1123 name: lowercase
+/// letters, digits, '-' and '.', starting and ending with a letter or digit (so no part is
+/// `.` or `..`).
+pub fn validate_volume_name(volume: &str) -> Result<()> {
+    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    let ok_part = |p: &str| {
+        !p.is_empty()
+            && p.len() <= 63
+            && p.bytes().all(|b| alnum(b) || b == b'-' || b == b'.')
+            && p.bytes().next().is_some_and(alnum)
+            && p.bytes().last().is_some_and(alnum)
+    };
+    let parts: Vec<&str> = volume.split('/').collect();
+    if parts.len() > 2 || !parts.iter().all(|p| ok_part(p)) {
+        return Err(Error::Other(format!(
+            "invalid volume name '{volume}': use NAME or NAMESPACE/NAME with lowercase letters, digits, '-' and '.'"
+        )));
+    }
+    Ok(())
+}
+
 /// The volume (`name` or `ns/name`, a valid volume name) and digest a record key names.
 pub fn parse_volume_record_key(key: &ObjectPath) -> Option<(String, Digest)> {
     let parts: Vec<String> = key.parts().map(|p| p.as_ref().to_owned()).collect();
@@ -121,7 +143,7 @@ pub fn parse_volume_record_key(key: &ObjectPath) -> Option<(String, Digest)> {
         return None;
     }
     let volume = volume.join("/");
-    crate::store::validate_volume_name(&volume).ok()?;
+    validate_volume_name(&volume).ok()?;
     Some((volume, parse_hex_digest(hex)?))
 }
 

@@ -14,6 +14,9 @@ use crate::backend::{self, Backend, StoreOptions};
 use crate::bounded::{MAX_CHUNK_BYTES, MAX_LISTED_OBJECTS, MAX_MANIFEST_BYTES, MAX_RECORD_BYTES};
 use crate::digest::{Digest, verify_digest};
 use crate::error::{Error, Result};
+/// Volume names are checked where their keys are made (`layout`); re-exported here, where
+/// callers found it first.
+pub use crate::layout::validate_volume_name;
 use crate::layout::{self, Prefix};
 use crate::manifest::Manifest;
 use crate::objects::found;
@@ -554,25 +557,4 @@ impl ChunkStore {
         chunk.check_len(&data)?;
         Ok(data)
     }
-}
-
-/// Volume names are `name` or `namespace/name`, each part a DNS-1123 name: lowercase
-/// letters, digits, '-' and '.', starting and ending with a letter or digit (so no part is
-/// `.` or `..`).
-pub fn validate_volume_name(volume: &str) -> Result<()> {
-    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-    let ok_part = |p: &str| {
-        !p.is_empty()
-            && p.len() <= 63
-            && p.bytes().all(|b| alnum(b) || b == b'-' || b == b'.')
-            && p.bytes().next().is_some_and(alnum)
-            && p.bytes().last().is_some_and(alnum)
-    };
-    let parts: Vec<&str> = volume.split('/').collect();
-    if parts.len() > 2 || !parts.iter().all(|p| ok_part(p)) {
-        return Err(Error::Other(format!(
-            "invalid volume name '{volume}': use NAME or NAMESPACE/NAME with lowercase letters, digits, '-' and '.'"
-        )));
-    }
-    Ok(())
 }
