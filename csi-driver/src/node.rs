@@ -27,7 +27,6 @@ use crate::proto::csi::{
     NodeStageVolumeResponse, NodeUnpublishVolumeRequest, NodeUnpublishVolumeResponse,
     NodeUnstageVolumeRequest, NodeUnstageVolumeResponse, VolumeCapability, VolumeUsage,
 };
-use crate::server;
 
 pub use sealed_crds::csi::{
     DIGEST_ATTRIBUTE, EPHEMERAL_ATTRIBUTE, LEARNED_PREFETCH_ATTRIBUTE, PREFETCH_ATTRIBUTE,
@@ -58,7 +57,7 @@ impl NodeService {
     /// Resolves and authorizes the version (API-server mode), then publishes it.
     async fn publish(&self, req: &NodePublishVolumeRequest) -> Result<(), CsiError> {
         let checked = check_publish(req)?;
-        server::record_request(&checked.volume_id, &checked.target);
+        record_request(&checked.volume_id, &checked.target);
         // Before any API call: a target outside kubelet's pod directories is refused.
         self.driver.check_target(&checked.target)?;
         let Some(kube) = &self.kube else {
@@ -119,7 +118,7 @@ impl NodeService {
             .volume_context
             .get(EPHEMERAL_ATTRIBUTE)
             .is_some_and(|v| v == "true");
-        server::record_digest(&digest);
+        record_digest(&digest);
         tracing::debug!(ephemeral, "version resolved");
         let namespace = pod
             .as_ref()
@@ -153,7 +152,7 @@ impl NodeService {
     async fn unpublish(&self, req: &NodeUnpublishVolumeRequest) -> Result<(), CsiError> {
         let volume_id = required(&req.volume_id, "volume_id")?;
         let target = PathBuf::from(required(&req.target_path, "target_path")?);
-        server::record_request(volume_id, &target);
+        record_request(volume_id, &target);
         self.driver.check_target(&target)?;
         self.driver.unpublish(volume_id, &target).await?;
         if let Some(reporter) = &self.reporter {
@@ -452,6 +451,19 @@ impl Node for NodeService {
             accessible_topology: None,
         }))
     }
+}
+
+/// Names the request in its RPC's span and logs its arrival.
+pub(crate) fn record_request(volume_id: &str, target: &std::path::Path) {
+    let span = tracing::Span::current();
+    span.record("volume_id", tracing::field::display(volume_id));
+    span.record("target", tracing::field::display(target.display()));
+    tracing::info!("request");
+}
+
+/// Names the version a request is for, once it is known (a tag is resolved first).
+pub(crate) fn record_digest(digest: &sealed_store::Digest) {
+    tracing::Span::current().record("digest", tracing::field::display(digest));
 }
 
 #[cfg(test)]

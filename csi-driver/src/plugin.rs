@@ -23,6 +23,7 @@ use crate::identity::DRIVER_NAME;
 use crate::kube_access::{AttestationConfig, KubeAccess};
 use crate::lease::{PublicationsLease, Reporter};
 use crate::metrics::Health;
+use crate::warm::{WarmConfig, WarmSettings};
 use crate::{registration, server, state_dir};
 
 /// Everything the plugin is started with (`sealed-csi`'s flags).
@@ -49,7 +50,7 @@ pub struct PluginConfig {
     /// The peer tier (docs/peer.md); off when `None`.
     pub peer: Option<crate::peer::PeerConfig>,
     /// What warming (`spec.warm`) may do on this node.
-    pub warm: crate::warm::WarmSettings,
+    pub warm: WarmSettings,
 }
 
 /// How the plugin uses the API server.
@@ -106,7 +107,20 @@ pub async fn run(config: PluginConfig) -> anyhow::Result<()> {
     };
     // Versions whose volume asks for warm nodes (`warm`): needs the API server.
     if let Some(kube) = &kube {
-        crate::warm::start(kube, &driver, &config, &peer_cache, _peer.as_ref())?;
+        let warm = WarmConfig {
+            cache: peer_cache.clone(),
+            disk_bytes: config.cache.disk_bytes,
+            settings: config.warm.clone(),
+            record_dir: Some(config.driver.state_dir.join("warmed")),
+            limits: config.mount.limits,
+            // This node's name in the membership: its peer address, or the node name alone.
+            me: match &config.peer {
+                Some(p) => p.advertise.clone(),
+                None => config.driver.node_id.clone(),
+            },
+            ring: _peer.as_ref().map(|p| p.ring.clone()),
+        };
+        crate::warm::start(kube, &driver, warm)?;
     }
     if !fd_holder {
         tracing::warn!(

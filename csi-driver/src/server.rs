@@ -50,7 +50,7 @@ pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
 
 /// The span of one RPC, `rpc{method=NodePublishVolume ...}`: every line logged while it is
 /// served carries it. Its request fields are empty until the handler records them
-/// ([`record_request`], [`record_digest`]).
+/// (`crate::node::record_request`, `record_digest`).
 pub fn rpc_span(request: &http::Request<()>) -> tracing::Span {
     let method = request.uri().path().rsplit('/').next().unwrap_or_default();
     tracing::info_span!(
@@ -60,19 +60,6 @@ pub fn rpc_span(request: &http::Request<()>) -> tracing::Span {
         target = tracing::field::Empty,
         digest = tracing::field::Empty,
     )
-}
-
-/// Names the request in its RPC's span and logs its arrival.
-pub fn record_request(volume_id: &str, target: &Path) {
-    let span = tracing::Span::current();
-    span.record("volume_id", tracing::field::display(volume_id));
-    span.record("target", tracing::field::display(target.display()));
-    tracing::info!("request");
-}
-
-/// Names the version a request is for, once it is known (a tag is resolved first).
-pub fn record_digest(digest: &sealed_store::Digest) {
-    tracing::Span::current().record("digest", tracing::field::display(digest));
 }
 
 /// Serves kubelet's plugin registration on `listener` until `shutdown` completes;

@@ -176,29 +176,15 @@ struct Want {
     version: Arc<SealedVolumeVersion>,
 }
 
-/// Starts warming for the plugin configured by `plugin`: its metrics registered, this node
-/// named by its peer address (or node name without the peer tier).
+/// Starts warming with `config` (the plugin builds it from its flags): the metrics
+/// registered, then [`spawn`].
 pub fn start(
     kube: &Arc<KubeAccess>,
     driver: &Arc<Driver>,
-    plugin: &crate::plugin::PluginConfig,
-    cache: &NodeCache,
-    peer: Option<&sealed_peer::PeerNode>,
+    config: WarmConfig,
 ) -> anyhow::Result<()> {
     let metrics = WarmMetrics::new()?;
     metrics.register(driver)?;
-    let config = WarmConfig {
-        cache: cache.clone(),
-        disk_bytes: plugin.cache.disk_bytes,
-        settings: plugin.warm.clone(),
-        record_dir: Some(plugin.driver.state_dir.join("warmed")),
-        limits: plugin.mount.limits,
-        me: match &plugin.peer {
-            Some(p) => p.advertise.clone(),
-            None => plugin.driver.node_id.clone(),
-        },
-        ring: peer.map(|p| p.ring.clone()),
-    };
     tracing::info!(node = %config.me, settings = ?config.settings,
         "warming versions whose volume sets spec.warm, as far as the admin allows");
     spawn(kube.clone(), driver.clone(), config, metrics);
