@@ -1,19 +1,17 @@
 //! Readahead: a window per open file that doubles on sequential reads and resets on a seek,
-//! with one global budget on the bytes being read ahead at once (not per file: per-file
-//! windows with no global bound are how FUSE filesystems run out of memory).
+//! with one global budget on the bytes being read ahead at once (`fetch/budget.rs`; not per
+//! file: per-file windows with no global bound are how FUSE filesystems run out of memory).
 //!
 //! Chunks read ahead land in the node's memory tier, which is itself bounded for the node.
 
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use sealed_store::{ChunkRef, ChunkStore};
 use tokio::sync::Semaphore;
 
 use crate::cold_start::ColdStart;
 use crate::fetch::{NodeCache, Want};
-use crate::metrics::MountMetrics;
 use crate::tree::chunk_range;
 
 /// How readahead grows.
@@ -164,57 +162,6 @@ pub(crate) struct AheadFetcher<'a> {
     pub tally: &'a Arc<ColdStart>,
 }
 
-/// The node-wide bound on bytes being read ahead (`--prefetch-memory`: the flag keeps its
-/// name). Its counters are the `prefetch_*` readahead metrics.
-pub(crate) struct ReadaheadBudget {
-    cap: u64,
-    used: AtomicU64,
-    metrics: Arc<MountMetrics>,
-}
-
-impl ReadaheadBudget {
-    pub fn new(cap: u64, metrics: Arc<MountMetrics>) -> Self {
-        ReadaheadBudget {
-            cap,
-            used: AtomicU64::new(0),
-            metrics,
-        }
-    }
-
-    /// The bound, bytes.
-    pub fn cap(&self) -> u64 {
-        self.cap
-    }
-
-    pub fn try_acquire(&self, bytes: u64) -> bool {
-        let mut used = self.used.load(Ordering::Relaxed);
-        loop {
-            if used + bytes > self.cap {
-                MountMetrics::inc(&self.metrics.prefetch_skipped);
-                return false;
-            }
-            match self.used.compare_exchange_weak(
-                used,
-                used + bytes,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => {
-                    MountMetrics::add(&self.metrics.prefetch_bytes_in_flight, bytes);
-                    MountMetrics::inc(&self.metrics.prefetch_issued);
-                    return true;
-                }
-                Err(now) => used = now,
-            }
-        }
-    }
-
-    pub fn release(&self, bytes: u64) {
-        self.used.fetch_sub(bytes, Ordering::AcqRel);
-        MountMetrics::sub(&self.metrics.prefetch_bytes_in_flight, bytes);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,15 +236,5 @@ mod tests {
         })
         .unwrap();
         assert_eq!(with_disk.readahead_ceiling(), None);
-    }
-
-    #[test]
-    fn budget_is_global_and_bounded() {
-        let budget = ReadaheadBudget::new(10, Arc::new(MountMetrics::default()));
-        assert!(budget.try_acquire(6));
-        assert!(!budget.try_acquire(6));
-        assert!(budget.try_acquire(4));
-        budget.release(6);
-        assert!(budget.try_acquire(5));
     }
 }

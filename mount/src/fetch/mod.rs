@@ -27,6 +27,8 @@ mod flight;
 mod origin;
 mod peer;
 
+use budget::ReadaheadBudget;
+
 pub use origin::FetchPolicy;
 
 use std::collections::HashMap;
@@ -47,7 +49,6 @@ use crate::error::{FetchError, MountError};
 use crate::link::Links;
 use crate::metrics::{MountMetrics, Tier};
 use crate::peer::{PeerTier, Route};
-use crate::readahead::ReadaheadBudget;
 use crate::verify::{Integrity, ScrubOptions};
 
 /// Why a chunk is wanted: which tiers a fetch of it asks, whether memory keeps its bytes,
