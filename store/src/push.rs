@@ -24,7 +24,6 @@ use std::time::SystemTime;
 use futures::StreamExt;
 
 use crate::chunker::ChunkParams;
-use crate::digest::Digest;
 use crate::error::{Error, Result};
 use crate::manifest::{ChunkRef, EntryKind};
 use crate::progress::{Phase, Progress};
@@ -80,26 +79,8 @@ impl Default for PushOptions {
     }
 }
 
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct PushReport {
-    pub digest: Digest,
-    pub files: u64,
-    pub directories: u64,
-    pub symlinks: u64,
-    /// Bytes of file content in the version.
-    pub bytes: u64,
-    pub chunks: u64,
-    pub unique_chunks: u64,
-    pub chunks_uploaded: u64,
-    pub bytes_uploaded: u64,
-    /// Bytes of distinct chunks the store already had.
-    pub bytes_reused: u64,
-    pub manifest_bytes: u64,
-    /// Bytes of local files read and hashed (0 for a re-push of an unchanged tree).
-    pub bytes_read: u64,
-    /// Files whose chunks came from the stat cache, unread.
-    pub files_cached: u64,
-}
+/// What a push (or an ingest) sealed; made by the sealing step both share.
+pub use crate::seal::PushReport;
 
 pub async fn push(
     store: &ChunkStore,

@@ -2,12 +2,34 @@
 //! make the chunks durable, confirm the writer lease, write the manifest (a conditional
 //! create) and the volume record, and report what was sealed.
 
+use crate::digest::Digest;
 use crate::error::Result;
 use crate::manifest::{EntryKind, Manifest};
-use crate::push::PushReport;
 use crate::store::ChunkStore;
 use crate::upload::UploadStats;
 use crate::writer_lease::WriterLease;
+
+/// What was sealed: the version and how much of it was uploaded, reused and read.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PushReport {
+    pub digest: Digest,
+    pub files: u64,
+    pub directories: u64,
+    pub symlinks: u64,
+    /// Bytes of file content in the version.
+    pub bytes: u64,
+    pub chunks: u64,
+    pub unique_chunks: u64,
+    pub chunks_uploaded: u64,
+    pub bytes_uploaded: u64,
+    /// Bytes of distinct chunks the store already had.
+    pub bytes_reused: u64,
+    pub manifest_bytes: u64,
+    /// Bytes of local files read and hashed (0 for a re-push of an unchanged tree).
+    pub bytes_read: u64,
+    /// Files whose chunks came from the stat cache, unread.
+    pub files_cached: u64,
+}
 
 /// Seals `manifest` once every chunk it names is uploaded: makes the chunks durable, checks
 /// that the writer lease still holds (chunks found present were safe from collection only
