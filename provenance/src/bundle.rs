@@ -24,6 +24,7 @@ use base64::engine::general_purpose::{STANDARD, URL_SAFE};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
+use crate::certificate::{CertificatePolicy, SignerCertificate, chain_of, trusted_signer};
 use crate::error::{Error, Result};
 use crate::keys::{PublicKey, SigningKey};
 
@@ -165,20 +166,13 @@ impl Bundle {
             "key" => {}
             "certificate" => {
                 return Err(Error::Unsupported {
-                    what: "this signature was made in certificate mode (an X.509 chain); \
-                           verifying it against a CA bundle is not built yet, and a key does \
-                           not verify it"
+                    what: "this signature was made in certificate mode (an X.509 chain): a key \
+                           does not verify it; give the CA bundle and the signer's identity \
+                           (sealed verify --ca PEM --cert-identity ID)"
                         .into(),
                 });
             }
-            _ => {
-                return Err(Error::Unsupported {
-                    what: "this is a Sigstore keyless signature (Fulcio certificate, Rekor \
-                           transparency-log entry); verifying one needs Sigstore's trust root \
-                           and log proofs, which cannot be checked offline here"
-                        .into(),
-                });
-            }
+            _ => return Err(keyless()),
         }
         let given_hint = key.hint()?;
         if let Some(signed_hint) = self
@@ -195,6 +189,37 @@ impl Bundle {
                 curve: key.curve(),
             });
         }
+        self.verify_envelope(key)
+    }
+
+    /// Certificate mode: checks the bundle's signing certificate against `policy` (chain to
+    /// a CA, validity, usage, identity) and the signature with its key; returns the signed
+    /// statement, the key and the certificate.
+    pub fn verify_with_certificate(
+        &self,
+        policy: &CertificatePolicy,
+    ) -> Result<(Statement, PublicKey, SignerCertificate)> {
+        let chain = match (
+            self.mode(),
+            &self.verification_material.x509_certificate_chain,
+        ) {
+            ("certificate", Some(chain)) => chain_of(chain)?,
+            ("key", _) => {
+                return Err(Error::Unsupported {
+                    what: "this signature was made in key mode (no certificate): verify it with \
+                           the signer's public key (sealed verify --key PEM)"
+                        .into(),
+                });
+            }
+            _ => return Err(keyless()),
+        };
+        let (key, certificate) = trusted_signer(&chain, policy)?;
+        let statement = self.verify_envelope(&key)?;
+        Ok((statement, key, certificate))
+    }
+
+    /// The DSSE envelope's first signature over its payload, with `key`; the statement.
+    fn verify_envelope(&self, key: &PublicKey) -> Result<Statement> {
         let envelope = self
             .dsse_envelope
             .as_ref()
@@ -216,6 +241,15 @@ impl Bundle {
             return Err(Error::BadSignature { curve: key.curve() });
         }
         Statement::parse(&payload)
+    }
+}
+
+fn keyless() -> Error {
+    Error::Unsupported {
+        what: "this is a Sigstore keyless signature (Fulcio certificate, Rekor transparency-log \
+               entry); verifying one needs Sigstore's trust root and log proofs, which cannot be \
+               checked offline here"
+            .into(),
     }
 }
 

@@ -59,6 +59,47 @@ pub enum Error {
          bytes (sealed verify --read-files)"
     )]
     NeedsDigests { algorithm: String, files: usize },
+    /// Certificate mode: something about the certificates other than the cases below.
+    #[error("certificate: {why}")]
+    Certificate { why: String },
+    /// Certificate mode: the signing certificate does not chain to a CA of the bundle.
+    #[error(
+        "wrong CA: the signing certificate {subject} (issued by {issuer}) does not chain to a CA \
+         of the bundle ({})",
+        cas.join("; ")
+    )]
+    WrongCa {
+        subject: String,
+        issuer: String,
+        cas: Vec<String>,
+    },
+    /// Certificate mode: a certificate of the path had expired at the time checked
+    /// (`certificate` is its role and subject, `at` the time and which time it is).
+    #[error("expired certificate: {certificate} expired at {not_after}, before {at}")]
+    CertificateExpired {
+        certificate: String,
+        not_after: String,
+        at: String,
+    },
+    /// Certificate mode: a certificate of the path was not valid yet at the time checked.
+    #[error("certificate not valid yet: {certificate} is valid from {not_before}, after {at}")]
+    CertificateNotYetValid {
+        certificate: String,
+        not_before: String,
+        at: String,
+    },
+    /// Certificate mode: the signing certificate names none of the accepted identities.
+    #[error(
+        "wrong identity: the signing certificate {subject} names {}, none of the accepted \
+         identities {}",
+        if found.is_empty() { "no email, URI or DNS name".to_string() } else { found.join(", ") },
+        wanted.join(", ")
+    )]
+    WrongIdentity {
+        subject: String,
+        wanted: Vec<String>,
+        found: Vec<String>,
+    },
     /// A symlink in the version where the signature does not allow one.
     #[error(
         "{path} is a symlink, and the signature was made without allow_symlinks (model_signing \

@@ -46,6 +46,21 @@ impl PublicKey {
         })
     }
 
+    /// A DER SubjectPublicKeyInfo (a certificate's key).
+    pub fn from_spki_der(der: &[u8]) -> Result<Self> {
+        if let Ok(k) = p256::ecdsa::VerifyingKey::from_public_key_der(der) {
+            return Ok(PublicKey::P256(k));
+        }
+        if let Ok(k) = p384::ecdsa::VerifyingKey::from_public_key_der(der) {
+            return Ok(PublicKey::P384(k));
+        }
+        Err(Error::Key {
+            why: "the signing certificate's key is not an EC key on P-256 or P-384, the curves \
+                  supported here (model_signing also allows P-521)"
+                .into(),
+        })
+    }
+
     pub fn curve(&self) -> &'static str {
         match self {
             PublicKey::P256(_) => "P-256",
