@@ -451,6 +451,7 @@ cmd_down() {
     --extra-nodes)
       BIN=$("$HACK_DIR/build-k8s.sh" --print-bin-dir)
       extra_nodes_down --api
+      check_extra_clean
       log "extra nodes removed"
       return 0
       ;;
@@ -482,6 +483,36 @@ $still"
   rmdir /var/lib/cni 2>/dev/null || true
   check_clean
   log "cluster removed"
+}
+
+# Fails if anything an extra node made is still there: a process, a mount, a bridge, a rule,
+# a cgroup root, its state directory (down --extra-nodes; a full down checks with check_clean).
+check_extra_clean() {
+  local left=() p cmd c
+  for p in /proc/[0-9]*; do
+    cmd=$(tr '\0' ' ' 2>/dev/null <"$p/cmdline") || continue
+    [[ $cmd == *"$DIR/nodes/"* ]] && left+=("process ${p#/proc/}: ${cmd:0:100}")
+  done
+  while read -r m; do
+    [[ -n $m ]] && left+=("mount $m")
+  done < <(findmnt -rn -o TARGET | grep -E "^$DIR/nodes(/|$)" || true)
+  for c in $(ip -o link show type bridge 2>/dev/null | awk -F': ' '$2 ~ /^sealed[1-9][0-9]*$/ {print $2}'); do
+    left+=("network device $c")
+  done
+  iptables -w -C "${BETWEEN_NODES_RULE[@]}" 2>/dev/null && left+=("iptables rule: ${BETWEEN_NODES_RULE[*]}")
+  # A cgroup whose last task is still exiting refuses rmdir for a moment: try again first.
+  local d
+  for _ in 1 2 3 4 5; do
+    c=$(cgroup_controllers | while read -r c; do compgen -G "$c/$NODE_NAME-[0-9]*"; done || true)
+    [[ -z $c ]] && break
+    for d in $c; do remove_cgroup_root "${d#"$(dirname "$d")/"}"; done
+    sleep 1
+  done
+  for d in $c; do left+=("cgroup $d"); done
+  [[ -e $DIR/nodes ]] && left+=("directory $DIR/nodes")
+  ((${#left[@]} == 0)) && return 0
+  printf 'left behind: %s\n' "${left[@]}" >&2
+  die "hack/cluster.sh down --extra-nodes did not clean up completely"
 }
 
 # Fails if anything the cluster made is still there: a process, a mount, a device.
