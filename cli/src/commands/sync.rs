@@ -2,12 +2,18 @@
 //! bucket prefix into the store, follow it, and print the sealed digest. Nothing is
 //! downloaded to this machine: the sync runs in the cluster (a Job, or the operator).
 //!
+//! An `oci://` source (a ModelPack artifact, or an image's `--oci-path` directory) is, for
+//! now, synced from this machine straight into `--store` ([`run_oci`]), as `sealed push`
+//! writes: the API has no `spec.source.oci` yet. The same reader, policy and checks as the
+//! operator's (`sealed_sources`), with no default loopback or plain-http exceptions.
+//!
 //! The source is written with server-side apply as field manager [`FIELD_MANAGER`], so a
 //! source that Git owns (Argo CD's `argocd-controller`, Flux, `kubectl apply`) is not
 //! overwritten behind its back: the API server's conflict is reported with the other
 //! manager's name, and `--force` takes the source over.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -25,11 +31,28 @@ use crate::output::print_json;
 #[derive(Args, Debug)]
 pub struct SyncArgs {
     /// hf://org/repo[@revision], hf://datasets/org/name[@revision], s3://bucket/prefix,
-    /// gs://bucket/prefix, az://container/prefix
+    /// gs://bucket/prefix, az://container/prefix, oci://REGISTRY/REPO:TAG or
+    /// oci://REGISTRY/REPO@sha256:DIGEST (synced here into --store)
     pub source: String,
-    /// The SealedVolume to create or update, NAMESPACE/NAME
+    /// The SealedVolume to create or update, NAMESPACE/NAME (oci://: the volume the version
+    /// is recorded under in the store)
     #[arg(long)]
     pub volume: String,
+    /// oci:// images: the directory of the image's filesystem to seal, e.g. /models (not for
+    /// ModelPack artifacts)
+    #[arg(long, value_name = "DIR")]
+    pub oci_path: Option<String>,
+    /// oci://: a docker config JSON file with the registry's credentials (as a
+    /// kubernetes.io/dockerconfigjson Secret's .dockerconfigjson)
+    #[arg(long, value_name = "FILE")]
+    pub pull_secret: Option<std::path::PathBuf>,
+    /// oci://: reach a registry in this address range although it is loopback, private or
+    /// link-local (repeatable)
+    #[arg(long = "allow-source-network", value_name = "CIDR")]
+    pub allow_source_network: Vec<String>,
+    /// oci://: allow a plain http registry (--source-endpoint http://…)
+    #[arg(long = "allow-http-sources")]
+    pub allow_http_sources: bool,
     /// Only files matching these globs (Hugging Face), e.g. '*.safetensors'
     #[arg(long)]
     pub include: Vec<String>,
@@ -115,6 +138,18 @@ fn source(args: &SyncArgs) -> anyhow::Result<Source> {
 }
 
 pub async fn run(ctx: &Context, args: SyncArgs) -> anyhow::Result<ExitCode> {
+    if args.source.starts_with("oci://") {
+        return run_oci(ctx, args).await;
+    }
+    if args.oci_path.is_some()
+        || args.pull_secret.is_some()
+        || !args.allow_source_network.is_empty()
+        || args.allow_http_sources
+    {
+        bail!(
+            "--oci-path, --pull-secret, --allow-source-network and --allow-http-sources apply to oci:// sources"
+        );
+    }
     let source = source(&args)?;
     // kubectl's --kubeconfig, --context and -n; `--volume NAME` is in -n's namespace.
     let (client, default_ns) = args.kube.client().await?;
@@ -222,6 +257,67 @@ pub async fn run(ctx: &Context, args: SyncArgs) -> anyhow::Result<ExitCode> {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// `sealed sync oci://…`: reads the registry from here and seals into `--store`, recording
+/// the version under `--volume`; prints the digest (`-o json`: the whole outcome, with the
+/// manifest digest as `sourceRevision`).
+async fn run_oci(ctx: &Context, args: SyncArgs) -> anyhow::Result<ExitCode> {
+    use sealed_sources::egress::{ALLOW_NETWORK_FLAG, Egress};
+    use sealed_sources::{
+        NoReporter, OciArtifact, SourceCredentials, SourcePolicy, SourceSpec, SyncOptions,
+    };
+    if !args.include.is_empty()
+        || !args.exclude.is_empty()
+        || args.token_secret.is_some()
+        || args.credentials_secret.is_some()
+        || args.source_region.is_some()
+    {
+        bail!(
+            "--include, --exclude, --token-secret, --credentials-secret and --source-region do \
+             not apply to oci:// sources (--pull-secret FILE takes a docker config JSON)"
+        );
+    }
+    let docker_config = match &args.pull_secret {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read --pull-secret {}", path.display()))?,
+        ),
+        None => None,
+    };
+    let allowed = Egress::parse_networks(&args.allow_source_network, ALLOW_NETWORK_FLAG)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let spec = SourceSpec::Oci(OciArtifact {
+        reference: args.source.clone(),
+        path: args.oci_path.clone(),
+        endpoint: args.source_endpoint.clone(),
+    });
+    let opts = SyncOptions {
+        volume: Some(args.volume.clone()),
+        policy: SourcePolicy {
+            allow_http: args.allow_http_sources,
+            egress: Egress {
+                allowed,
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let creds = SourceCredentials {
+        docker_config,
+        ..Default::default()
+    };
+    let store = ctx.open_store_for_push().await?;
+    let outcome = sealed_sources::sync_source(&store, &spec, &creds, &opts, Arc::new(NoReporter))
+        .await
+        .with_context(|| format!("cannot sync {}", args.source))?;
+    if ctx.json() {
+        print_json(&outcome)?;
+    } else {
+        println!("{}", outcome.digest);
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Creates the volume, changes its source, or asks for a resync of the same source: one
