@@ -14,11 +14,11 @@ use tokio::sync::Semaphore;
 use crate::cold_start::ColdStart;
 use crate::error::{FetchError, FsError};
 use crate::fetch::{NodeCache, Request, Want};
-use crate::learned::{ProfileRecorder, ReplayWatch};
 use crate::limits::MountLimits;
 use crate::link::Link;
 use crate::metrics::MountMetrics;
-use crate::prefetch::ModelPrefetch;
+use crate::model_prefetch::ModelPrefetch;
+use crate::profile_recorder::{ProfileRecorder, ReplayWatch};
 use crate::readahead::{AheadFetcher, Readahead, ReadaheadPolicy};
 use crate::tree::{Attr, DirEntry, Node, NodeType, ROOT_INO, Tree, chunk_range};
 
