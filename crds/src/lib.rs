@@ -25,11 +25,14 @@ pub use condition::{
     CONDITION_READY, CONDITION_SYNCED, Condition, find_condition, new_condition, set_condition,
 };
 pub use validate::{InvalidSpec, is_digest, is_duration, is_tag_name};
-pub use version::{SealedVolumeVersion, SealedVolumeVersionSpec, SealedVolumeVersionStatus};
+pub use version::{
+    CONDITION_VERIFIED, SealedVolumeVersion, SealedVolumeVersionSpec, SealedVolumeVersionStatus,
+    Verification,
+};
 pub use volume::{
     HuggingFaceRepoType, HuggingFaceSource, ObjectStoreSource, Retention, SealedVolume,
     SealedVolumeSpec, SealedVolumeStatus, SecretKeyRef, SecretRef, Source, SourceKind,
-    SyncProgress, TagStatus, UploadSource, Warm,
+    SyncProgress, TagStatus, UploadSource, Verify, Warm,
 };
 
 /// The API group of both resources.

@@ -151,6 +151,38 @@ pub struct SealedVolumeVersionStatus {
     /// node plugin mounts a digest only through a version whose attestation verifies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attestation: Option<String>,
+
+    /// The model signature the version was checked against when its volume has
+    /// `spec.verify` (condition Verified).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verification: Option<Verification>,
+}
+
+/// `Verified`: the version's model signature verified against its sealed manifest
+/// (`True`), or did not (`False`, the message names the file or signer).
+pub const CONDITION_VERIFIED: &str = "Verified";
+
+/// A verified model signature.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Verification {
+    /// Who signed: the certificate's identity, or the key (curve and SHA-256 hint).
+    pub signer: String,
+    /// key or certificate.
+    pub mode: String,
+    /// The files' digest algorithm the signature lists (blake3, sha256).
+    pub algorithm: String,
+    /// The signature file in the version.
+    pub signature_path: String,
+    /// Files signed and found with the signed digest.
+    #[schemars(range(min = 0))]
+    pub files: i64,
+    /// The model name the signature gives (informative).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// When it was verified.
+    #[schemars(schema_with = "schema::time")]
+    pub verified_at: Time,
 }
 
 impl SealedVolumeVersionStatus {

@@ -99,6 +99,94 @@ pub struct SealedVolumeSpec {
     /// pod first reads them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm: Option<Warm>,
+
+    /// Who must have signed each version: an OpenSSF model signature (`model_signing`'s
+    /// `model.sig`) in the version is checked against its sealed manifest when the version is
+    /// sealed. A version whose signature is missing or does not verify is not Ready, and an
+    /// Event names the file or signer that failed. Unset: versions are not checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<Verify>,
+}
+
+/// Signature verification of new versions (`spec.verify`): keys, certificates, or both (a
+/// signature verifying with any one is accepted).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new(
+    "(has(self.keys) ? size(self.keys) : 0) + (has(self.certificates) ? 1 : 0) > 0"
+).message("spec.verify names no signer: give keys or certificates"))]
+pub struct Verify {
+    /// Key mode: the signers' public keys (PEM, ECDSA P-256 or P-384), each a key of a Secret
+    /// or ConfigMap of this namespace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub keys: Vec<KeyRef>,
+
+    /// Certificate mode: the signing certificate chains to the CA bundle and names one of
+    /// the identities.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificates: Option<CertificateVerify>,
+
+    /// Where the signature is in the version, relative to its root. Default model.sig, where
+    /// model_signing writes it.
+    #[serde(default = "default_signature_path")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub signature_path: String,
+
+    /// Paths of the version the signature need not cover (files, or directories with
+    /// everything below them), besides the signature itself and the signature's own
+    /// ignore paths: as model_signing's --ignore-paths.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
+    pub ignore_paths: Vec<String>,
+}
+
+/// The default `spec.verify.signaturePath`.
+pub const DEFAULT_SIGNATURE_PATH: &str = "model.sig";
+
+fn default_signature_path() -> String {
+    DEFAULT_SIGNATURE_PATH.into()
+}
+
+/// A PEM value from a key of a Secret or a ConfigMap of this namespace: set exactly one.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new(
+    "(has(self.secretKeyRef) ? 1 : 0) + (has(self.configMapKeyRef) ? 1 : 0) == 1"
+).message("set exactly one of secretKeyRef or configMapKeyRef"))]
+pub struct KeyRef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_key_ref: Option<SecretKeyRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map_key_ref: Option<ConfigMapKeyRef>,
+}
+
+/// A key of a ConfigMap in the same namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub struct ConfigMapKeyRef {
+    /// Name of the ConfigMap.
+    #[schemars(schema_with = "schema::object_name")]
+    pub name: String,
+    /// Key within the ConfigMap.
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+/// Certificate mode of `spec.verify`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct CertificateVerify {
+    /// The CA bundle (PEM certificates) the signing certificate must chain to.
+    pub ca: KeyRef,
+    /// Accepted signers: an email, URI or DNS name (subject alternative name) of the signing
+    /// certificate; any one matches.
+    #[schemars(length(min = 1, max = 64))]
+    pub identities: Vec<String>,
+    /// Check the chain when the version is sealed, refusing an expired signing certificate.
+    /// Default false: checked when the signing certificate was issued, as model_signing does
+    /// (the signature carries no trusted time).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub require_valid_now: bool,
 }
 
 /// Warming of new versions (`spec.warm`).
@@ -223,6 +311,7 @@ impl Source {
             retention: Retention::default(),
             shared: false,
             warm: None,
+            verify: None,
         };
         match spec.validate().into_iter().next() {
             None => Ok(spec.source),
@@ -559,6 +648,7 @@ mod tests {
                 retention: Retention::default(),
                 shared: false,
                 warm: None,
+                verify: None,
             },
         );
         let first = v.sync_trigger();

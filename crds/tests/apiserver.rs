@@ -40,6 +40,7 @@ fn hf_volume(name: &str) -> SealedVolume {
             retention: Retention::default(),
             shared: false,
             warm: None,
+            verify: None,
         },
     )
 }
@@ -246,6 +247,7 @@ spec:
             },
             shared: true,
             warm: None,
+            verify: None,
         },
     );
     volumes.create(&pp, &bucket).await?;
@@ -265,6 +267,7 @@ spec:
             retention: Retention::default(),
             shared: false,
             warm: None,
+            verify: None,
         },
     );
     let created = volumes.create(&pp, &upload).await?;

@@ -279,6 +279,7 @@ fn volume(name: &str) -> SealedVolume {
             retention: Retention::default(),
             shared: false,
             warm: None,
+            verify: None,
         },
     )
 }

@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod publications;
 pub mod source_spec;
 pub mod sync;
+pub mod verify;
 pub mod version;
 pub mod volume;
 pub mod webhook;

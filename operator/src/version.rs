@@ -14,7 +14,8 @@ use sealed_crds::validate::{
     DurationError, MAX_DURATION, MAX_DURATION_TEXT, parse_duration_checked,
 };
 use sealed_crds::{
-    CONDITION_READY, SealedVolume, SealedVolumeVersion, VOLUME_LABEL, new_condition, set_condition,
+    CONDITION_READY, CONDITION_VERIFIED, SealedVolume, SealedVolumeVersion, VOLUME_LABEL,
+    new_condition, set_condition,
 };
 use sealed_store::trash::DEFAULT_RETENTION;
 use sealed_store::{Digest, Error as StoreError};
@@ -224,19 +225,81 @@ async fn apply(version: &SealedVolumeVersion, ctx: &Context) -> Result<Action> {
                 .iter()
                 .filter(|e| matches!(e.kind, sealed_store::EntryKind::File(_)))
                 .count();
+            let checked = verify_version(version, ctx, &namespace, &manifest).await?;
+            let verification = checked.as_ref().map(|c| &c.0);
+            let (ready, reason, message) = match verification {
+                None | Some(Ok(_)) => (true, "Sealed", "manifest sealed in the store".to_string()),
+                Some(Err(why)) => (
+                    false,
+                    NOT_VERIFIED,
+                    format!(
+                        "manifest sealed in the store; its model signature does not verify: {why}"
+                    ),
+                ),
+            };
             set_condition(
                 &mut conditions,
                 // Tenant-visible: "the store", never its URL.
                 new_condition(
                     CONDITION_READY,
-                    true,
-                    "Sealed",
-                    "manifest sealed in the store",
+                    ready,
+                    reason,
+                    message,
                     generation,
                     now.clone(),
                 ),
             );
-            let patch = json!({
+            let mut verified_status = None;
+            match verification {
+                None => {}
+                Some(Ok(v)) => {
+                    set_condition(
+                        &mut conditions,
+                        new_condition(
+                            CONDITION_VERIFIED,
+                            true,
+                            "Signed",
+                            format!(
+                                "signed by {}: {} files match their {} digests",
+                                v.signer(),
+                                v.checked.files,
+                                v.checked.algorithm
+                            ),
+                            generation,
+                            now.clone(),
+                        ),
+                    );
+                    let path = checked.as_ref().map_or("", |c| c.1.as_str());
+                    verified_status = Some(verification_status(v, path, &now));
+                }
+                Some(Err(why)) => {
+                    let already = status
+                        .condition(CONDITION_VERIFIED)
+                        .is_some_and(|c| c.status == "False" && c.message == *why);
+                    set_condition(
+                        &mut conditions,
+                        new_condition(
+                            CONDITION_VERIFIED,
+                            false,
+                            VERIFICATION_FAILED,
+                            why.clone(),
+                            generation,
+                            now.clone(),
+                        ),
+                    );
+                    if !already {
+                        ctx.event(
+                            &version.object_ref(&()),
+                            EventType::Warning,
+                            VERIFICATION_FAILED,
+                            "Verify",
+                            why.clone(),
+                        )
+                        .await;
+                    }
+                }
+            }
+            let mut patch = json!({
                 "apiVersion": sealed_crds::API_VERSION,
                 "kind": "SealedVolumeVersion",
                 "status": {
@@ -249,6 +312,23 @@ async fn apply(version: &SealedVolumeVersion, ctx: &Context) -> Result<Action> {
                     "sealedAt": status.sealed_at.clone().unwrap_or(now),
                 }
             });
+            if let Some(v) = verified_status {
+                patch["status"]["verification"] =
+                    serde_json::to_value(v).map_err(|e| Error::Invalid {
+                        object: format!("SealedVolumeVersion {}", version.name_any()),
+                        message: format!("cannot encode the verification: {e}"),
+                    })?;
+            }
+            if !ready {
+                // The signers' keys may be fixed: looked at again, not every 30 s.
+                api.patch_status(
+                    &version.name_any(),
+                    &PatchParams::apply(VERSION_MANAGER).force(),
+                    &Patch::Apply(&patch),
+                )
+                .await?;
+                return Ok(Action::requeue(NOT_VERIFIED_RECHECK));
+            }
             (patch, Action::requeue(READY_RECHECK))
         }
         Err(StoreError::UnknownVersion { .. }) => {
@@ -282,6 +362,63 @@ async fn apply(version: &SealedVolumeVersion, ctx: &Context) -> Result<Action> {
     )
     .await?;
     Ok(requeue)
+}
+
+/// The Ready reason of a version whose volume requires a signature that does not verify.
+pub const NOT_VERIFIED: &str = "NotVerified";
+/// The Verified reason (and Event reason) of a signature that does not verify.
+pub const VERIFICATION_FAILED: &str = "VerificationFailed";
+/// How often a version whose signature did not verify is checked again (its volume's keys
+/// may be fixed in the meantime).
+const NOT_VERIFIED_RECHECK: Duration = Duration::from_secs(300);
+
+/// The volume's `spec.verify` checked against the version's manifest: None when the volume
+/// asks for no verification (or is gone), else what the check found. Errors are the store's
+/// or the API server's, retried.
+async fn verify_version(
+    version: &SealedVolumeVersion,
+    ctx: &Context,
+    namespace: &str,
+    manifest: &sealed_store::manifest::Manifest,
+) -> Result<
+    Option<(
+        std::result::Result<sealed_provenance::Verified, String>,
+        String,
+    )>,
+> {
+    let volumes: Api<SealedVolume> = Api::namespaced(ctx.client.clone(), namespace);
+    let Some(volume) = volumes.get_opt(&version.spec.volume).await? else {
+        return Ok(None);
+    };
+    let Some(spec) = &volume.spec.verify else {
+        return Ok(None);
+    };
+    let path = spec.signature_path.clone();
+    match crate::verify::check(ctx, namespace, spec, manifest).await {
+        Ok(v) => Ok(Some((Ok(v), path))),
+        Err(crate::verify::Failure::Refused(why)) => Ok(Some((Err(why), path))),
+        Err(crate::verify::Failure::Retry(why)) => Err(Error::Invalid {
+            object: format!("SealedVolumeVersion {namespace}/{}", version.name_any()),
+            message: why,
+        }),
+    }
+}
+
+/// What goes into `status.verification`.
+fn verification_status(
+    v: &sealed_provenance::Verified,
+    signature_path: &str,
+    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) -> sealed_crds::Verification {
+    sealed_crds::Verification {
+        signer: v.signer(),
+        mode: v.mode.into(),
+        algorithm: v.checked.algorithm.clone(),
+        signature_path: signature_path.to_string(),
+        files: i64::try_from(v.checked.files).unwrap_or(i64::MAX),
+        model: Some(v.checked.model_name.clone()).filter(|m| !m.is_empty()),
+        verified_at: now.clone(),
+    }
 }
 
 /// How often a Ready version's manifest is checked to still be live (one HEAD).
@@ -615,6 +752,7 @@ mod tests {
                 },
                 shared: false,
                 warm: None,
+                verify: None,
             },
         )
     }

@@ -150,6 +150,7 @@ fn upload_volume(name: &str, tags: &[(&str, &str)]) -> SealedVolume {
             retention: Retention::default(),
             shared: false,
             warm: None,
+            verify: None,
         },
     )
 }
@@ -381,6 +382,7 @@ async fn missing_secret_is_a_condition_without_a_hot_loop() {
             retention: Retention::default(),
             shared: false,
             warm: None,
+            verify: None,
         },
     );
     fx.volumes()
@@ -477,6 +479,7 @@ async fn refused_sources_are_conditions_and_start_no_sync() {
                 retention: Retention::default(),
                 shared: false,
                 warm: None,
+                verify: None,
             },
         );
         fx.volumes()

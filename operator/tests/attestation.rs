@@ -58,6 +58,7 @@ fn upload_volume(name: &str) -> SealedVolume {
             retention: Retention::default(),
             shared: false,
             warm: None,
+            verify: None,
         },
     )
 }

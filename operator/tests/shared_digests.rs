@@ -84,6 +84,7 @@ fn upload_volume(retention: &str) -> SealedVolume {
             },
             shared: false,
             warm: None,
+            verify: None,
         },
     )
 }

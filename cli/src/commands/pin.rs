@@ -1122,6 +1122,7 @@ spec:
                 retention: Default::default(),
                 shared: false,
                 warm: None,
+                verify: None,
             },
         );
         assert!(

@@ -519,6 +519,7 @@ pub async fn sealed_volume(
             retention: sealed_crds::Retention::default(),
             shared,
             warm: None,
+            verify: None,
         },
     );
     Ok(
