@@ -107,14 +107,20 @@ pub fn remove_extra_nodes() -> Result<()> {
     Ok(())
 }
 
-/// Imports a docker-archive image into `node`'s containerd (`hack/images.sh import`, pointed
-/// at that node's state directory).
-pub fn import_image(node: &str, archive: &Path) -> Result<()> {
-    let dir = if node == FIRST_NODE {
+/// The state directory of `node`: the cluster's for the first node, `nodes/<name>` in it for
+/// an extra node (its containerd socket is `run/containerd.sock` in it).
+pub fn node_dir(node: &str) -> PathBuf {
+    if node == FIRST_NODE {
         cluster_dir()
     } else {
         cluster_dir().join("nodes").join(node)
-    };
+    }
+}
+
+/// Imports a docker-archive image into `node`'s containerd (`hack/images.sh import`, pointed
+/// at that node's state directory).
+pub fn import_image(node: &str, archive: &Path) -> Result<()> {
+    let dir = node_dir(node);
     let script = repo_root().join("hack/images.sh");
     let status = Command::new(&script)
         .arg("import")
@@ -130,6 +136,38 @@ pub fn import_image(node: &str, archive: &Path) -> Result<()> {
         archive.display()
     );
     Ok(())
+}
+
+/// `ctr -n k8s.io ARGS` against `node`'s containerd.
+fn ctr_on(node: &str, args: &[&str]) -> Result<()> {
+    let sock = node_dir(node).join("run/containerd.sock");
+    let out = Command::new("ctr")
+        .arg("--address")
+        .arg(&sock)
+        .args(["-n", "k8s.io"])
+        .args(args)
+        .output()
+        .context("cannot run ctr")?;
+    ensure!(
+        out.status.success(),
+        "ctr {} on {node} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(())
+}
+
+/// Gives image `from` in `node`'s containerd the second reference `to` (the same bytes under
+/// a new name: what an upgrade to a new image reference changes, without a build).
+pub fn tag_image_on(node: &str, from: &str, to: &str) -> Result<()> {
+    ctr_on(node, &["images", "tag", "--force", from, to])
+}
+
+/// Removes image references from `node`'s containerd (errors ignored: cleanup).
+pub fn remove_images_on(node: &str, refs: &[String]) {
+    let mut args = vec!["images", "rm"];
+    args.extend(refs.iter().map(String::as_str));
+    let _ = ctr_on(node, &args);
 }
 
 /// A binary cargo built for another package of the workspace: next to the running test's
