@@ -170,6 +170,85 @@ while :; do
   sleep 1
 done"#;
 
+/// What a reader pod that finishes runs: [`READER_SCRIPT`]'s read once a second, until the
+/// [`Gate`] at `gate` answers `go` (asked after each read, so every pod reads at least once);
+/// then it exits 0. A Job's pods run it: the first ones keep running (and reading) until the
+/// test opens the gate, so the pods that replace them are created after that.
+pub fn gated_reader_script(gate: std::net::SocketAddr) -> String {
+    format!(
+        r#"i=0
+while :; do
+  i=$((i+1)); v=""; s=""
+  if v=$(cat {MOUNT}/version.txt 2>&1) && s=$(sha256sum {MOUNT}/data.bin 2>&1); then
+    echo "read $i $(date +%s) ok $v ${{s%% *}}"
+  else
+    echo "read $i $(date +%s) failed: $v $s" | tr '\n' ' '; echo
+  fi
+  [ "$(wget -q -T 2 -O - http://{gate}/ 2>/dev/null)" = go ] && exit 0
+  sleep 1
+done"#
+    )
+}
+
+/// A one-bit HTTP server pods can ask (`wget -O - http://ADDR/`): it answers `wait` until
+/// [`Gate::open`], then `go`. Stops when dropped.
+pub struct Gate {
+    addr: std::net::SocketAddr,
+    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Gate {
+    /// Listens on `listen` (port 0: any).
+    pub async fn start(listen: std::net::SocketAddr) -> Result<Gate> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("cannot listen on {listen}"))?;
+        let addr = listener.local_addr()?;
+        let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = open.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let flag = flag.clone();
+                tokio::spawn(async move {
+                    // The request line and headers (a wget request is one small packet).
+                    let mut buf = [0u8; 1024];
+                    let _ = conn.read(&mut buf).await;
+                    let body = if flag.load(std::sync::atomic::Ordering::SeqCst) {
+                        "go"
+                    } else {
+                        "wait"
+                    };
+                    let reply = format!(
+                        "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\
+                         Connection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = conn.write_all(reply.as_bytes()).await;
+                    let _ = conn.shutdown().await;
+                });
+            }
+        });
+        Ok(Gate { addr, open, task })
+    }
+
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+
+    /// From now on the gate answers `go`.
+    pub fn open(&self) {
+        self.open.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// One line of a reader's log.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Read {
@@ -217,6 +296,37 @@ pub fn epoch_now() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    async fn ask(gate: &Gate) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut conn = tokio::net::TcpStream::connect(gate.addr())
+            .await
+            .expect("connect to the gate");
+        conn.write_all(b"GET / HTTP/1.0\r\n\r\n")
+            .await
+            .expect("request");
+        let mut reply = String::new();
+        conn.read_to_string(&mut reply).await.expect("reply");
+        reply
+            .split("\r\n\r\n")
+            .nth(1)
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    #[tokio::test]
+    async fn the_gate_says_wait_until_opened() {
+        let gate = Gate::start("127.0.0.1:0".parse().expect("addr"))
+            .await
+            .expect("gate");
+        assert_eq!(ask(&gate).await, "wait");
+        gate.open();
+        assert_eq!(ask(&gate).await, "go");
+        let script = gated_reader_script(gate.addr());
+        assert!(
+            script.contains(&format!("http://{}/", gate.addr())) && script.contains("${s%% *}")
+        );
+    }
 
     #[test]
     fn reads_are_parsed_and_failures_kept() {

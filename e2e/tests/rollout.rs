@@ -13,9 +13,19 @@
 //!    one of its 6 pods reads v1 bytes (old and new pods alike); `follow` rolls out (a
 //!    `TagFollowed` Event names v1 -> v2) and at the end every pod of it reads v2 bytes. The tag
 //!    moves back: `follow` rolls back, every pod reads v1; `web` is untouched.
+//!    Beside them, on the same tag and the same moves: a StatefulSet `db` (2 replicas) and a Job
+//!    `train` (parallelism 2, completions 4) whose pods read until the test opens a gate (a
+//!    one-bit HTTP server on the node's address), then exit. When the tag moves to v2, `db-0`
+//!    is deleted and `db` scales to 3, and the gate opens, so `train`'s last 2 pods are created
+//!    after the move: the StatefulSet's 3 pods (its one ControllerRevision) and the Job's 4
+//!    pods each read v1 bytes, the version their revision was admitted with.
 //! 3. While all those pods keep reading, `helm upgrade` to this chart with the next image tag
-//!    (`rollout-2`, the same bytes: what a release upgrade changes): the CRDs become the
-//!    release's (Helm's ownership and the keep policy; their schema is this chart's), the node
+//!    (`rollout-2`, the same bytes: what a release upgrade changes). Just before it the live
+//!    `sealedvolumes` CRD is made older than the chart (its `spec.warm`, the last field the
+//!    chart's CRDs gained, removed: the API server then refuses a SealedVolume that sets it):
+//!    the upgrade puts the field back (a strict dry-run apply that sets it is accepted) and the
+//!    CRDs become the release's (Helm's ownership and the keep policy; their schema is this
+//!    chart's), the node
 //!    DaemonSet rolls its pod with `maxUnavailable` a percentage, the fd holder (OnDelete) keeps
 //!    its old pod until it is replaced as docs/helm.md "Upgrading the fd holder" says (plugin
 //!    ready, delete the holder pod, new holder ready, the plugin's
@@ -25,9 +35,12 @@
 //! Cleanup whatever happens: the Deployments, the volume and versions, `helm uninstall`, the
 //! namespace, the image tags.
 //!
-//! What this cannot show on a shared cluster: a CRD *schema* change on the real group (the
-//! previous chart's CRDs are installed only where absent, and downgrading the live CRDs would
-//! break other tests); `e2e/tests/crd_upgrade.rs` shows that on a renamed group.
+//! Why the CRD is made older by the test rather than by the previous chart: that chart keeps
+//! its CRDs in `crds/` (installed only where absent, and present on a shared cluster), with
+//! the same schema as this one. The field is missing for the few seconds before `helm
+//! upgrade` only (a SealedVolume of another test read meanwhile would lack `spec.warm`);
+//! `cleanup` puts it back if the upgrade did not. `e2e/tests/crd_upgrade.rs` shows a real
+//! historical schema change, from the chart before the last CRD change, on a renamed group.
 //!
 //! Skipped (with a notice) unless `SEALED_E2E_CLUSTER=1`, or outside a git checkout; needs root,
 //! moto_server, helm (`hack/build-k8s.sh`), ctr and the workspace's binaries (`cargo test
@@ -43,7 +56,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet};
+use k8s_openapi::api::apps::v1::{
+    ControllerRevision, DaemonSet, Deployment, ReplicaSet, StatefulSet,
+};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::api::storage::v1::CSINode;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -56,8 +72,8 @@ use sealed_e2e::fleet::{
     CountingProxy, FIRST_NODE, FIRST_NODE_IP, Helm, metric_sum, scrape, workspace_binary,
 };
 use sealed_e2e::upgrade::{
-    CHART, MOUNT, READER_SCRIPT, Read, epoch_now, export_chart, previous_chart, reads,
-    remove_images, tag_image,
+    CHART, Gate, MOUNT, READER_SCRIPT, Read, epoch_now, export_chart, gated_reader_script,
+    previous_chart, reads, remove_images, tag_image,
 };
 use sealed_e2e::{BUSYBOX_IMAGE, Cluster, wait_for};
 use sealed_store::push::{PushOptions, push};
@@ -68,6 +84,13 @@ const RELEASE: &str = "rollout";
 const DRIVER: &str = "csi.sealedvolumes.io";
 const VOLUME: &str = "model";
 const TAG: &str = "prod";
+/// The StatefulSet and the Job on the tag (beside the Deployments `web` and `follow`).
+const STATEFULSET: &str = "db";
+const JOB: &str = "train";
+const JOB_PARALLELISM: i32 = 2;
+const JOB_COMPLETIONS: i32 = 4;
+/// Every workload of the test, by its pods' `app` label.
+const APPS: [&str; 4] = ["web", "follow", STATEFULSET, JOB];
 const STORE_BUCKET: &str = "rollout-store";
 const STORE_PREFIX: &str = "sealed";
 const REGION: &str = "us-east-1";
@@ -121,6 +144,8 @@ struct Bed {
     ns: String,
     store: ChunkStore,
     proxy: CountingProxy,
+    /// What the Job's first pods wait for before they finish.
+    gate: Gate,
     previous: PathBuf,
     previous_why: String,
 }
@@ -136,6 +161,12 @@ impl Bed {
         Api::namespaced(self.client(), &self.ns)
     }
     fn daemonsets(&self) -> Api<DaemonSet> {
+        Api::namespaced(self.client(), &self.ns)
+    }
+    fn statefulsets(&self) -> Api<StatefulSet> {
+        Api::namespaced(self.client(), &self.ns)
+    }
+    fn jobs(&self) -> Api<Job> {
         Api::namespaced(self.client(), &self.ns)
     }
     fn volumes(&self) -> Api<SealedVolume> {
@@ -200,6 +231,7 @@ async fn tags_roll_with_their_workloads_and_the_chart_upgrades_under_readers() {
             ns,
             store,
             proxy,
+            gate: Gate::start(format!("{FIRST_NODE_IP}:0").parse()?).await?,
             previous: previous_dir,
             previous_why: format!("{:.10}: {}", previous.commit, previous.why),
         };
@@ -465,6 +497,34 @@ async fn set_tag(bed: &Bed, to: &Version) -> Result<()> {
 // ---------------------------------------------------------------------------------------
 // 2. one version per revision, read through every pod
 
+/// The pod template of the readers of workload `app`: `script` reads the volume mounted by
+/// `{volume: model, tag: prod}`.
+fn reader_template(app: &str, script: &str, restart_never: bool) -> serde_json::Value {
+    let mut spec = serde_json::json!({
+        "terminationGracePeriodSeconds": 1,
+        "containers": [{
+            "name": "reader",
+            "image": BUSYBOX_IMAGE,
+            "imagePullPolicy": "Never",
+            "command": ["/bin/sh", "-c", script],
+            "readinessProbe": {
+                "exec": { "command": ["cat", format!("{MOUNT}/version.txt")] },
+                "periodSeconds": 1,
+            },
+            "volumeMounts": [{ "name": "model", "mountPath": MOUNT, "readOnly": true }],
+        }],
+        "volumes": [{
+            "name": "model",
+            "csi": { "driver": DRIVER, "readOnly": true,
+                     "volumeAttributes": { "volume": VOLUME, "tag": TAG } },
+        }],
+    });
+    if restart_never {
+        spec["restartPolicy"] = "Never".into();
+    }
+    serde_json::json!({ "metadata": { "labels": { "app": app } }, "spec": spec })
+}
+
 fn deployment(name: &str, replicas: i32, follow: bool) -> Result<Deployment> {
     let mut annotations = serde_json::Map::new();
     if follow {
@@ -477,33 +537,58 @@ fn deployment(name: &str, replicas: i32, follow: bool) -> Result<Deployment> {
             "selector": { "matchLabels": { "app": name } },
             "strategy": { "type": "RollingUpdate",
                           "rollingUpdate": { "maxSurge": 1, "maxUnavailable": 0 } },
-            "template": {
-                "metadata": { "labels": { "app": name } },
-                "spec": {
-                    "terminationGracePeriodSeconds": 1,
-                    "containers": [{
-                        "name": "reader",
-                        "image": BUSYBOX_IMAGE,
-                        "imagePullPolicy": "Never",
-                        "command": ["/bin/sh", "-c", READER_SCRIPT],
-                        "readinessProbe": {
-                            "exec": { "command": ["cat", format!("{MOUNT}/version.txt")] },
-                            "periodSeconds": 1,
-                        },
-                        "volumeMounts": [{ "name": "model", "mountPath": MOUNT, "readOnly": true }],
-                    }],
-                    "volumes": [{
-                        "name": "model",
-                        "csi": { "driver": DRIVER, "readOnly": true,
-                                 "volumeAttributes": { "volume": VOLUME, "tag": TAG } },
-                    }],
-                },
-            },
+            "template": reader_template(name, READER_SCRIPT, false),
         },
     }))?)
 }
 
-/// The pods of Deployment `app` (by label), not terminating, with the ReplicaSet each belongs to.
+/// StatefulSet `db` with `replicas` readers, started all at once (`Parallel`).
+fn statefulset(replicas: i32) -> Result<StatefulSet> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "metadata": { "name": STATEFULSET },
+        "spec": {
+            "replicas": replicas,
+            "serviceName": STATEFULSET,
+            "podManagementPolicy": "Parallel",
+            "selector": { "matchLabels": { "app": STATEFULSET } },
+            "template": reader_template(STATEFULSET, READER_SCRIPT, false),
+        },
+    }))?)
+}
+
+/// Job `train`: its pods read until the gate opens, then succeed.
+fn job(gate: SocketAddr) -> Result<Job> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "metadata": { "name": JOB },
+        "spec": {
+            "parallelism": JOB_PARALLELISM,
+            "completions": JOB_COMPLETIONS,
+            "backoffLimit": 0,
+            "template": reader_template(JOB, &gated_reader_script(gate), true),
+        },
+    }))?)
+}
+
+/// The revision a pod of the test belongs to: its ReplicaSet, its StatefulSet's
+/// ControllerRevision (`controller-revision-hash`), or its Job.
+fn revision_of(p: &Pod) -> String {
+    let owner = p
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true));
+    match owner.map(|o| o.kind.as_str()) {
+        Some("StatefulSet") => p
+            .labels()
+            .get("controller-revision-hash")
+            .cloned()
+            .unwrap_or_default(),
+        Some(_) => owner.map(|o| o.name.clone()).unwrap_or_default(),
+        None => String::new(),
+    }
+}
+
+/// The pods of workload `app` (by label), not terminating, with the revision each belongs to
+/// ([`revision_of`]).
 async fn pods_of(bed: &Bed, app: &str) -> Result<Vec<(String, String)>> {
     let list = bed
         .pods()
@@ -513,15 +598,7 @@ async fn pods_of(bed: &Bed, app: &str) -> Result<Vec<(String, String)>> {
         .items
         .into_iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .map(|p| {
-            let rs = p
-                .owner_references()
-                .iter()
-                .find(|o| o.kind == "ReplicaSet")
-                .map(|o| o.name.clone())
-                .unwrap_or_default();
-            (p.name_any(), rs)
-        })
+        .map(|p| (p.name_any(), revision_of(&p)))
         .collect())
 }
 
@@ -560,7 +637,7 @@ async fn log_of(bed: &Bed, pod: &str) -> Result<String> {
 }
 
 /// What each pod of `app` reads at or after `since` (epoch seconds): waits for one read of
-/// each after it and returns the last, by pod (with its ReplicaSet).
+/// each after it and returns the last, by pod (with its revision).
 async fn read_each(bed: &Bed, app: &str, since: u64) -> Result<BTreeMap<String, (String, Read)>> {
     let deadline = Instant::now() + TIMEOUT;
     loop {
@@ -605,7 +682,7 @@ async fn every_pod_reads(
     let by_rs: BTreeSet<&String> = got.values().map(|(rs, _)| rs).collect();
     say(format!(
         "{app}: each of its {} pods read {} bytes (version.txt + sha256 of data.bin: {:?}); \
-         ReplicaSets {by_rs:?}",
+         revisions {by_rs:?}",
         got.len(),
         want.name,
         want.reads_as
@@ -622,6 +699,60 @@ async fn resolved_of(bed: &Bed, rs: &str) -> Result<String> {
         .get(RESOLVED_ANNOTATION)
         .cloned()
         .unwrap_or_default())
+}
+
+/// Fails unless `record` (a revision's `sealedvolumes.io/resolved-tags`) names `want`.
+fn ensure_records(what: &str, record: &str, want: &Version) -> Result<()> {
+    ensure!(
+        record.contains(&want.digest.to_string()),
+        "{what} records {record:?}, not {}",
+        want.name
+    );
+    Ok(())
+}
+
+/// Waits until StatefulSet `db` has `replicas` ready pods, all of its current revision.
+async fn wait_statefulset(bed: &Bed, replicas: i32) -> Result<()> {
+    let sets = bed.statefulsets();
+    wait_for(
+        &format!("StatefulSet {STATEFULSET} with {replicas} ready pods"),
+        TIMEOUT,
+        || async {
+            let s = sets.get(STATEFULSET).await?;
+            let generation = s.metadata.generation;
+            let done = s.status.is_some_and(|s| {
+                s.observed_generation == generation
+                    && s.replicas == replicas
+                    && s.ready_replicas == Some(replicas)
+                    && s.current_revision.is_some()
+                    && s.current_revision == s.update_revision
+            });
+            Ok(done && pods_of(bed, STATEFULSET).await?.len() == replicas as usize)
+        },
+    )
+    .await
+}
+
+/// The uid of every pod of `app` that is not terminating, by name.
+async fn uids_of(bed: &Bed, app: &str) -> Result<BTreeMap<String, String>> {
+    Ok(bed
+        .pods()
+        .list(&ListParams::default().labels(&format!("app={app}")))
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| (p.name_any(), p.uid().unwrap_or_default()))
+        .collect())
+}
+
+async fn scale_statefulset(bed: &Bed, replicas: i32) -> Result<()> {
+    let patch = serde_json::json!({ "spec": { "replicas": replicas } });
+    bed.statefulsets()
+        .patch(STATEFULSET, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("scaling {STATEFULSET} to {replicas}"))?;
+    Ok(())
 }
 
 async fn scale(bed: &Bed, name: &str, replicas: i32) -> Result<()> {
@@ -679,17 +810,45 @@ async fn tags_and_rollouts(bed: &Bed, v1: &Version, v2: &Version) -> Result<()> 
         .create(&PostParams::default(), &deployment("follow", 3, true)?)
         .await
         .context("creating Deployment follow")?;
+    bed.statefulsets()
+        .create(&PostParams::default(), &statefulset(2)?)
+        .await
+        .context("creating StatefulSet db")?;
+    bed.jobs()
+        .create(&PostParams::default(), &job(bed.gate.addr())?)
+        .await
+        .context("creating Job train")?;
     wait_rolled_out(bed, "web", 4).await?;
     // The follower may pin the digest the tag names into a new follower's template at the
     // first SealedVolume event (one rollout to the same digest): wait for it to settle.
     wait_rolled_out(bed, "follow", 3).await?;
+    wait_statefulset(bed, 2).await?;
     say(format!(
-        "Deployments web (4 replicas) and follow (3, {FOLLOW_ANNOTATION}) on {{volume: \
-         {VOLUME}, tag: {TAG}}} ready in {:.0} s",
+        "Deployments web (4 replicas) and follow (3, {FOLLOW_ANNOTATION}), StatefulSet \
+         {STATEFULSET} (2) and Job {JOB} (parallelism {JOB_PARALLELISM}, completions \
+         {JOB_COMPLETIONS}) on {{volume: {VOLUME}, tag: {TAG}}} ready in {:.0} s",
         t.elapsed().as_secs_f64()
     ));
     every_pod_reads(bed, "web", v1).await?;
     every_pod_reads(bed, "follow", v1).await?;
+    let db = every_pod_reads(bed, STATEFULSET, v1).await?;
+    let db_revisions: BTreeSet<String> = db.values().map(|(r, _)| r.clone()).collect();
+    ensure!(
+        db_revisions.len() == 1,
+        "{STATEFULSET}'s pods are not of one revision: {db:?}"
+    );
+    let db_rev = db_revisions
+        .into_iter()
+        .next()
+        .context("StatefulSet without pods")?;
+    let db_before = uids_of(bed, STATEFULSET).await?;
+    // The Job's first pods read v1 and keep reading: the gate is closed.
+    every_pod_reads(bed, JOB, v1).await?;
+    let job_before = uids_of(bed, JOB).await?;
+    ensure!(
+        job_before.len() == JOB_PARALLELISM as usize,
+        "Job {JOB} has pods {job_before:?} before the tag moves, not {JOB_PARALLELISM}"
+    );
     let web_sets = replica_sets_of(bed, "web").await?;
     ensure!(
         web_sets.len() == 1,
@@ -705,6 +864,28 @@ async fn tags_and_rollouts(bed: &Bed, v1: &Version, v2: &Version) -> Result<()> 
     say(format!(
         "ReplicaSet {old_rs} records {RESOLVED_ANNOTATION}={record}"
     ));
+    let db_record = Api::<ControllerRevision>::namespaced(bed.client(), &bed.ns)
+        .get(&db_rev)
+        .await?
+        .annotations()
+        .get(RESOLVED_ANNOTATION)
+        .cloned()
+        .unwrap_or_default();
+    ensure_records(&format!("ControllerRevision {db_rev}"), &db_record, v1)?;
+    let job_record = bed
+        .jobs()
+        .get(JOB)
+        .await?
+        .annotations()
+        .get(RESOLVED_ANNOTATION)
+        .cloned()
+        .unwrap_or_default();
+    ensure_records(&format!("Job {JOB}"), &job_record, v1)?;
+    say(format!(
+        "{STATEFULSET}'s ControllerRevision {db_rev} and Job {JOB} record v1 too; {JOB}'s first \
+         pods {:?} read v1 and wait for the gate",
+        job_before.keys().collect::<Vec<_>>()
+    ));
 
     // The tag moves while web scales to 6 and one of its pods is deleted.
     set_tag(bed, v2).await?;
@@ -718,8 +899,16 @@ async fn tags_and_rollouts(bed: &Bed, v1: &Version, v2: &Version) -> Result<()> 
         .delete(&victim, &DeleteParams::default())
         .await
         .with_context(|| format!("deleting pod {victim}"))?;
+    let db_victim = format!("{STATEFULSET}-0");
+    bed.pods()
+        .delete(&db_victim, &DeleteParams::default())
+        .await
+        .with_context(|| format!("deleting pod {db_victim}"))?;
+    scale_statefulset(bed, 3).await?;
+    bed.gate.open();
     say(format!(
-        "web scaled to 6 and its pod {victim} deleted, after the tag moved"
+        "after the tag moved: web scaled to 6 and its pod {victim} deleted; {db_victim} deleted \
+         and {STATEFULSET} scaled to 3; the gate open, {JOB}'s first pods finish"
     ));
     wait_rolled_out(bed, "web", 6).await?;
     let web = every_pod_reads(bed, "web", v1).await?;
@@ -737,6 +926,8 @@ async fn tags_and_rollouts(bed: &Bed, v1: &Version, v2: &Version) -> Result<()> 
         "web: the tag names v2, yet all 6 pods of its one ReplicaSet {old_rs} (3 made after the \
          move) read v1 bytes; no rollout"
     ));
+    statefulset_after_move(bed, v1, &db_rev, &db_before).await?;
+    job_after_move(bed, v1, &job_before).await?;
 
     wait_followed(bed, v2, 3).await?;
     every_pod_reads(bed, "follow", v2).await?;
@@ -765,10 +956,102 @@ async fn tags_and_rollouts(bed: &Bed, v1: &Version, v2: &Version) -> Result<()> 
         web.values().all(|(rs, _)| *rs == old_rs) && replica_sets_of(bed, "web").await?.len() == 1,
         "web changed when the tag moved back: {web:?}"
     );
+    let db = every_pod_reads(bed, STATEFULSET, v1).await?;
+    ensure!(
+        db.values().all(|(r, _)| *r == db_rev),
+        "{STATEFULSET} changed when the tag moved back: {db:?}"
+    );
     say(format!(
         "tag back to v1: follow rolled back, every pod reads v1 bytes; web still its one \
-         ReplicaSet, v1 ({:.0} s for this step)",
+         ReplicaSet, {STATEFULSET} its one revision, v1 ({:.0} s for this step)",
         t.elapsed().as_secs_f64()
+    ));
+    Ok(())
+}
+
+/// After the tag moved to v2, `db-0` was deleted and `db` scaled to 3: every pod of it (the
+/// new `db-0` and `db-2` among them) is of the one revision and reads `v1`.
+async fn statefulset_after_move(
+    bed: &Bed,
+    v1: &Version,
+    db_rev: &str,
+    before: &BTreeMap<String, String>,
+) -> Result<()> {
+    wait_statefulset(bed, 3).await?;
+    let db = every_pod_reads(bed, STATEFULSET, v1).await?;
+    let now = uids_of(bed, STATEFULSET).await?;
+    let made_after: Vec<&String> = now
+        .iter()
+        .filter(|(name, uid)| before.get(*name) != Some(*uid))
+        .map(|(name, _)| name)
+        .collect();
+    ensure!(
+        db.values().all(|(r, _)| r == db_rev) && made_after.len() == 2,
+        "{STATEFULSET}: pods of another revision than {db_rev}, or not 2 made after the move \
+         ({made_after:?}): {db:?}"
+    );
+    say(format!(
+        "{STATEFULSET}: the tag names v2, yet its 3 pods of its one revision {db_rev} ({} made \
+         after the move: {made_after:?}) read v1 bytes",
+        made_after.len()
+    ));
+    Ok(())
+}
+
+/// After the tag moved to v2 and the gate opened: Job `train` completes, and every read of
+/// each of its pods, the ones created after the move among them, is of `v1`.
+async fn job_after_move(bed: &Bed, v1: &Version, before: &BTreeMap<String, String>) -> Result<()> {
+    let jobs = bed.jobs();
+    wait_for(
+        &format!(
+            "Job {JOB} to complete (its pods finish once they reach the gate at {})",
+            bed.gate.addr()
+        ),
+        TIMEOUT,
+        || async {
+            let status = jobs.get(JOB).await?.status.unwrap_or_default();
+            let failed = status
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "Failed" && c.status == "True");
+            ensure!(!failed, "Job {JOB} failed: {status:?}");
+            Ok(status.succeeded == Some(JOB_COMPLETIONS))
+        },
+    )
+    .await?;
+    let pods = uids_of(bed, JOB).await?;
+    let made_after: Vec<&String> = pods
+        .iter()
+        .filter(|(name, uid)| before.get(*name) != Some(*uid))
+        .map(|(name, _)| name)
+        .collect();
+    ensure!(
+        pods.len() == JOB_COMPLETIONS as usize
+            && made_after.len() == (JOB_COMPLETIONS - JOB_PARALLELISM) as usize,
+        "Job {JOB}: pods {pods:?}, made after the move {made_after:?}"
+    );
+    let mut total = 0usize;
+    for pod in pods.keys() {
+        let all = reads(&log_of(bed, pod).await?);
+        let bad: Vec<&Read> = all
+            .iter()
+            .filter(|r| r.result.as_ref() != Ok(&v1.reads_as))
+            .collect();
+        ensure!(
+            !all.is_empty() && bad.is_empty(),
+            "Job {JOB}'s pod {pod} read {} times, not v1 {} of them; first: {:?}",
+            all.len(),
+            bad.len(),
+            bad.first()
+        );
+        total += all.len();
+    }
+    say(format!(
+        "{JOB}: completed; its {} pods ({} created after the move: {made_after:?}) read v1 bytes \
+         {total} times, never anything else",
+        pods.len(),
+        made_after.len()
     ));
     Ok(())
 }
@@ -822,11 +1105,15 @@ async fn unprotected(bed: &Bed) -> Result<BTreeMap<String, f64>> {
 async fn upgrade(bed: &Bed, v1: &Version) -> Result<()> {
     let t = Instant::now();
     let since = epoch_now();
-    let readers: Vec<String> = [pods_of(bed, "web").await?, pods_of(bed, "follow").await?]
-        .concat()
-        .into_iter()
-        .map(|(p, _)| p)
-        .collect();
+    let readers: Vec<String> = [
+        pods_of(bed, "web").await?,
+        pods_of(bed, "follow").await?,
+        pods_of(bed, STATEFULSET).await?,
+    ]
+    .concat()
+    .into_iter()
+    .map(|(p, _)| p)
+    .collect();
     let plugins_before = component_pods(bed, "node").await?;
     let holders_before = component_pods(bed, "fd-holder").await?;
     say(format!(
@@ -834,6 +1121,15 @@ async fn upgrade(bed: &Bed, v1: &Version) -> Result<()> {
         readers.len(),
         plugins_before.iter().map(|p| &p.0).collect::<Vec<_>>(),
         holders_before.iter().map(|p| &p.0).collect::<Vec<_>>()
+    ));
+
+    // The CRDs as an install older than the chart left them: without spec.warm (the last
+    // field the chart's CRDs gained), so that the upgrade has a schema to change.
+    downgrade_crd(bed).await?;
+    say(format!(
+        "CRD {PLURAL_CHANGED}.sealedvolumes.io made older than the chart: its schema lacks \
+         {FIELD_CHANGED}; the API server refuses a SealedVolume that sets it (strict field \
+         validation)"
     ));
 
     let sets = values(bed, TAG_AFTER);
@@ -844,6 +1140,17 @@ async fn upgrade(bed: &Bed, v1: &Version) -> Result<()> {
         .run(&helm_args(bed, "upgrade", &chart, &sets, &watch))?;
     say(format!(
         "helm upgrade {RELEASE} to this chart, image tag {TAG_AFTER} (the same values otherwise)"
+    ));
+    // The CRD change applied: the API server accepts an object that uses the field.
+    wait_for(
+        &format!("a SealedVolume with {FIELD_CHANGED} accepted after helm upgrade"),
+        Duration::from_secs(30),
+        || async { Ok(try_warm_volume(bed).await?.is_ok()) },
+    )
+    .await?;
+    say(format!(
+        "after helm upgrade the API server accepts a SealedVolume with {FIELD_CHANGED} \
+         (strict field validation, dry run) and returns it with the field"
     ));
 
     // CRDs: the release's now, with the keep policy, and the chart's schema.
@@ -876,8 +1183,13 @@ async fn upgrade(bed: &Bed, v1: &Version) -> Result<()> {
             .find(|d| d["kind"] == "CustomResourceDefinition")
             .with_context(|| format!("{} holds no CRD", file.display()))?;
         let live = serde_json::to_value(&crd)?;
+        let live_paths = schema_paths(&live)?;
         ensure!(
-            schema_paths(&live)? == schema_paths(want)?,
+            plural != PLURAL_CHANGED || live_paths.contains(&format!("v1alpha1.{FIELD_CHANGED}")),
+            "helm upgrade left CRD {name} without {FIELD_CHANGED}"
+        );
+        ensure!(
+            live_paths == schema_paths(want)?,
             "the live schema of {name} is not the chart's"
         );
     }
@@ -1060,6 +1372,90 @@ async fn upgrade(bed: &Bed, v1: &Version) -> Result<()> {
     Ok(())
 }
 
+/// The CRD whose live schema the test makes older before `helm upgrade`, and the field it
+/// removes (the last one the chart's CRDs gained, `spec.warm`, issue 15).
+const PLURAL_CHANGED: &str = "sealedvolumes";
+const FIELD_CHANGED: &str = "spec.warm";
+
+/// A server-side dry-run apply, with strict field validation, of a SealedVolume that sets
+/// `spec.warm`: `Ok(())` when the API server accepts it and returns the field, `Err(refusal)`
+/// when it refuses it as unknown.
+async fn try_warm_volume(bed: &Bed) -> Result<Result<(), String>> {
+    let obj = serde_json::json!({
+        "apiVersion": "sealedvolumes.io/v1alpha1",
+        "kind": "SealedVolume",
+        "metadata": { "name": "crd-upgrade-check" },
+        "spec": { "source": { "upload": {} }, "warm": { "nodes": 1 } },
+    });
+    let params = PatchParams::apply("sealed-e2e-rollout")
+        .dry_run()
+        .validation_strict();
+    match bed
+        .volumes()
+        .patch("crd-upgrade-check", &params, &Patch::Apply(&obj))
+        .await
+    {
+        Ok(v) => {
+            ensure!(
+                v.spec.warm.as_ref().map(|w| w.nodes) == Some(1),
+                "the API server accepted the SealedVolume but dropped {FIELD_CHANGED}: {:?}",
+                v.spec
+            );
+            Ok(Ok(()))
+        }
+        Err(kube::Error::Api(e)) if e.message.contains("warm") => Ok(Err(e.message)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Removes `spec.warm` from every version's schema of the live `sealedvolumes` CRD (owned by
+/// no release, as the previous chart's `crds/` leaves it) and waits until the API server
+/// refuses an object that sets it. `cleanup` puts the field back if `helm upgrade` did not.
+async fn downgrade_crd(bed: &Bed) -> Result<()> {
+    let crds = Api::<CustomResourceDefinition>::all(bed.client());
+    let name = format!("{PLURAL_CHANGED}.sealedvolumes.io");
+    let mut crd = serde_json::to_value(crds.get(&name).await?)?;
+    let versions = crd["spec"]["versions"]
+        .as_array_mut()
+        .context("a CRD without spec.versions")?;
+    for v in versions {
+        let removed = v["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+            .as_object_mut()
+            .and_then(|p| p.remove("warm"));
+        ensure!(
+            removed.is_some(),
+            "the live CRD {name} has no {FIELD_CHANGED} to remove"
+        );
+    }
+    let crd: CustomResourceDefinition = serde_json::from_value(crd)?;
+    crds.replace(&name, &PostParams::default(), &crd)
+        .await
+        .with_context(|| format!("replacing CRD {name} with an older schema"))?;
+    let refusal = std::sync::Mutex::new(String::new());
+    wait_for(
+        &format!("the API server to refuse {FIELD_CHANGED}"),
+        Duration::from_secs(30),
+        || async {
+            let r = try_warm_volume(bed).await?;
+            if let Err(msg) = &r {
+                *refusal.lock().map_err(|_| anyhow::anyhow!("poisoned"))? = msg.clone();
+            }
+            Ok(r.is_err())
+        },
+    )
+    .await?;
+    say(format!(
+        "before helm upgrade: {}",
+        refusal.into_inner().unwrap_or_default()
+    ));
+    let live = serde_json::to_value(crds.get(&name).await?)?;
+    ensure!(
+        !schema_paths(&live)?.contains(&format!("v1alpha1.{FIELD_CHANGED}")),
+        "CRD {name} still has {FIELD_CHANGED}"
+    );
+    Ok(())
+}
+
 /// Every property path of each version's schema of a CRD (`v1alpha1.spec.warm.nodes`, ...).
 fn schema_paths(crd: &serde_json::Value) -> Result<BTreeSet<String>> {
     fn walk(schema: &serde_json::Value, prefix: &str, out: &mut BTreeSet<String>) {
@@ -1125,14 +1521,33 @@ async fn dump_state(bed: &Bed) {
 
 async fn cleanup(bed: &Bed) {
     say("cleanup");
+    // A failure between downgrade_crd and helm upgrade leaves the CRD without spec.warm:
+    // give the shared cluster its CRDs back.
+    let crds = Api::<CustomResourceDefinition>::all(bed.client());
+    let name = format!("{PLURAL_CHANGED}.sealedvolumes.io");
+    let current = match crds.get(&name).await.map(serde_json::to_value) {
+        Ok(Ok(v)) => schema_paths(&v)
+            .map(|p| p.contains(&format!("v1alpha1.{FIELD_CHANGED}")))
+            .unwrap_or(false),
+        _ => false,
+    };
+    if !current && let Err(e) = sealed_e2e::install_crds(&bed.client(), "sealed-e2e-rollout").await
+    {
+        say(format!("cleanup: putting the CRDs back: {e:#}"));
+    }
     for name in ["web", "follow"] {
         let _ = bed
             .deployments()
             .delete(name, &DeleteParams::background())
             .await;
     }
+    let _ = bed
+        .statefulsets()
+        .delete(STATEFULSET, &DeleteParams::background())
+        .await;
+    let _ = bed.jobs().delete(JOB, &DeleteParams::background()).await;
     let pods = bed.pods();
-    let readers = ListParams::default().labels("app in (web, follow)");
+    let readers = ListParams::default().labels(&format!("app in ({})", APPS.join(", ")));
     if wait_for("the readers to go", Duration::from_secs(60), || async {
         Ok(pods.list(&readers).await?.items.is_empty())
     })
