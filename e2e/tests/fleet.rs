@@ -18,10 +18,15 @@
 //! 4. `spec.warm.nodes: 1`: exactly one plugin warms the next version (one `Warmed` Event);
 //!    a reader on the other node then gets a share of the chunks from the warmed node and the
 //!    origin serves less than the version for that read.
-//! 5. With `SEALED_FLEET_RESTART=1` (opt-in: not yet run on a cluster when it was written),
-//!    a plugin pod deleted mid-read (the origin capped so that a cold read lasts ~10 s): the
+//! 5. A plugin pod deleted mid-read (the origin capped so that a cold read lasts ~10 s): the
 //!    other node's reader finishes right, the new plugin rejoins (both views have both again)
 //!    and the first node's reader, its mount held by the fd holder, resumes and finishes right.
+//! 6. `helm upgrade` changing the plugin's image (`node.image.tag`: the same bytes re-tagged in
+//!    both nodes' containerd) while a busybox pod on each eligible node reads a version in a
+//!    loop (`sealed_e2e::upgrade::READER_SCRIPT`, as `tests/rollout.rs`): the node DaemonSet
+//!    rolls one node, then the other; no read fails, none reads other bytes, both read on.
+//!    Printed: reads and failures per pod, the longest pause between two reads, and each
+//!    node's roll (old plugin pod gone -> new one Ready).
 //!
 //! After each read the plugins' peer series are printed (requests, failures, revived owners,
 //! served bytes, ...), so a bound that fails says why.
@@ -52,15 +57,19 @@ use object_store::prefix::PrefixStore;
 use sealed_crds::{SealedVolume, SealedVolumeVersion};
 use sealed_e2e::fleet::{
     CountingProxy, ExtraNodes, FIRST_NODE, FIRST_NODE_IP, FLEET_KEY, Helm, import_image,
-    metric_sum, scrape, workspace_binary,
+    metric_sum, remove_images_on, scrape, tag_image_on, workspace_binary,
 };
-use sealed_e2e::{Cluster, wait_for};
+use sealed_e2e::upgrade::{MOUNT, READER_SCRIPT, Read, epoch_now, reads};
+use sealed_e2e::{BUSYBOX_IMAGE, Cluster, wait_for};
 use sealed_store::push::{PushOptions, push};
 use sealed_store::{ChunkStore, Digest, NoProgress};
+use sha2::Digest as _;
 
 const RELEASE: &str = "fleet";
 const DRIVER: &str = "csi.sealedvolumes.io";
 const IMAGE_TAG: &str = "fleet";
+/// The plugin's image tag after `helm upgrade` (the same bytes, re-tagged on each node).
+const IMAGE_TAG_AFTER: &str = "fleet-2";
 const READER_IMAGE: &str = "sealed.local/tree-b3:fleet";
 const STORE_BUCKET: &str = "fleet-store";
 const STORE_PREFIX: &str = "sealed";
@@ -204,14 +213,8 @@ async fn steps(f: &Fleet) -> Result<()> {
     let model = read_at_once(f).await?;
     scheduled_on_an_eligible_node(f, &model).await?;
     warm_one_node(f).await?;
-    if std::env::var("SEALED_FLEET_RESTART").is_ok_and(|v| v == "1") {
-        plugin_deleted_mid_read(f).await?;
-    } else {
-        say(
-            "5. (a plugin pod deleted mid-read) skipped: it has not been run on a cluster yet, so \
-             it is opt-in (SEALED_FLEET_RESTART=1) until it has passed here and in CI",
-        );
-    }
+    plugin_deleted_mid_read(f).await?;
+    upgrade_rolls_across_nodes(f).await?;
     Ok(())
 }
 
@@ -240,6 +243,44 @@ fn sealed_images() -> Result<Vec<PathBuf>> {
         .collect())
 }
 
+/// `helm install|upgrade` of the release with the test's values (a user's values file, the
+/// same for both), plus `extra` `--set` values.
+fn release(f: &Fleet, verb: &str, extra: &[String]) -> Result<String> {
+    let endpoint = format!("http://{}", f.proxy.addr());
+    let sets = [
+        format!("fullnameOverride={RELEASE}"),
+        "image.repository=sealed.local".to_string(),
+        format!("image.tag={IMAGE_TAG}"),
+        "image.pullPolicy=IfNotPresent".into(),
+        format!("store.url=s3://{STORE_BUCKET}/{STORE_PREFIX}"),
+        format!("store.endpoint={endpoint}"),
+        format!("store.region={REGION}"),
+        "store.credentials.AWS_ACCESS_KEY_ID=test".into(),
+        "store.credentials.AWS_SECRET_ACCESS_KEY=test".into(),
+        "operator.uploadPoll=2s".into(),
+        "operator.gcInterval=0".into(),
+        "cache.size=2Gi".into(),
+        "warming.allow=all".into(),
+    ];
+    let mut args: Vec<String> = [
+        verb,
+        RELEASE,
+        "charts/sealed-volumes",
+        "-n",
+        f.ns.as_str(),
+        "--take-ownership",
+    ]
+    .map(String::from)
+    .into();
+    for s in sets.iter().chain(extra) {
+        args.extend(["--set".to_string(), s.clone()]);
+    }
+    let watch = format!(r#"operator.extraArgs=["--watch-namespace={}"]"#, f.ns);
+    args.extend(["--set-json".to_string(), watch]);
+    f.helm
+        .run(&args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
 async fn install(f: &Fleet) -> Result<()> {
     let t = Instant::now();
     let mut archives = sealed_images()?;
@@ -259,36 +300,7 @@ async fn install(f: &Fleet) -> Result<()> {
     ));
 
     sealed_e2e::install_crds(&f.client(), "sealed-e2e-fleet").await?;
-    let endpoint = format!("http://{}", f.proxy.addr());
-    let sets = [
-        format!("fullnameOverride={RELEASE}"),
-        "image.repository=sealed.local".to_string(),
-        format!("image.tag={IMAGE_TAG}"),
-        "image.pullPolicy=IfNotPresent".into(),
-        format!("store.url=s3://{STORE_BUCKET}/{STORE_PREFIX}"),
-        format!("store.endpoint={endpoint}"),
-        format!("store.region={REGION}"),
-        "store.credentials.AWS_ACCESS_KEY_ID=test".into(),
-        "store.credentials.AWS_SECRET_ACCESS_KEY=test".into(),
-        "operator.uploadPoll=2s".into(),
-        "operator.gcInterval=0".into(),
-        "cache.size=2Gi".into(),
-        "warming.allow=all".into(),
-    ];
-    let mut args = vec![
-        "install",
-        RELEASE,
-        "charts/sealed-volumes",
-        "-n",
-        &f.ns,
-        "--take-ownership",
-    ];
-    for s in &sets {
-        args.extend(["--set", s.as_str()]);
-    }
-    let watch = format!(r#"operator.extraArgs=["--watch-namespace={}"]"#, f.ns);
-    args.extend(["--set-json", &watch]);
-    f.helm.run(&args)?;
+    release(f, "install", &[])?;
     say(format!(
         "helm install {RELEASE} -n {} (peer tier and mTLS on: the chart's defaults; the \
          plugin DaemonSet tolerates every taint, the fleet's too)",
@@ -975,6 +987,289 @@ async fn plugin_deleted_mid_read(f: &Fleet) -> Result<()> {
 }
 
 // ---------------------------------------------------------------------------------------
+// 6. helm upgrade rolls the plugin across both nodes under readers
+
+/// The plugin pods by node: (pod name, image, ready), terminating ones left out.
+async fn plugin_states(f: &Fleet) -> Result<BTreeMap<String, (String, String, bool)>> {
+    let lp = ListParams::default().labels("app.kubernetes.io/component=node");
+    let mut out = BTreeMap::new();
+    for p in f.pods().list(&lp).await?.items {
+        if p.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let Some(spec) = p.spec.as_ref() else {
+            continue;
+        };
+        let Some(node) = spec.node_name.clone() else {
+            continue;
+        };
+        let image = spec
+            .containers
+            .first()
+            .and_then(|c| c.image.clone())
+            .unwrap_or_default();
+        let ready = p
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        out.insert(node, (p.name_any(), image, ready));
+    }
+    Ok(out)
+}
+
+/// A busybox pod on `node` reading the volume's two files once a second
+/// ([`READER_SCRIPT`]: every read opens the files anew, a FUSE request to the plugin).
+fn loop_reader_pod(name: &str, node: &str, digest: &Digest) -> Result<Pod> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name },
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "tolerations": [{ "key": FLEET_KEY, "operator": "Exists", "effect": "NoSchedule" }],
+            "containers": [{
+                "name": "main",
+                "image": BUSYBOX_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", READER_SCRIPT],
+                "volumeMounts": [{ "name": "model", "mountPath": MOUNT, "readOnly": true }],
+            }],
+            "volumes": [{
+                "name": "model",
+                "csi": {
+                    "driver": DRIVER,
+                    "readOnly": true,
+                    "volumeAttributes": { "digest": digest.to_string() },
+                },
+            }],
+        }
+    }))?)
+}
+
+/// The reads a loop reader logged from `since` (epoch seconds) on.
+async fn reads_of(f: &Fleet, pod: &str, since: u64) -> Result<Vec<Read>> {
+    let log = f.pods().logs(pod, &LogParams::default()).await?;
+    Ok(reads(&log).into_iter().filter(|r| r.at >= since).collect())
+}
+
+/// While a pod on each eligible node reads a version in a loop, `helm upgrade` changes the
+/// plugin's image (`node.image.tag`: the same bytes re-tagged in both nodes' containerd, what
+/// a release upgrade changes); the node DaemonSet rolls its pod on one node, then on the other
+/// (maxUnavailable 10% of 2 nodes: one at a time). No read of either pod fails or reads other
+/// bytes, and both read on after the roll.
+async fn upgrade_rolls_across_nodes(f: &Fleet) -> Result<()> {
+    let t = Instant::now();
+    f.volumes()
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({
+                "apiVersion": "sealedvolumes.io/v1alpha1",
+                "kind": "SealedVolume",
+                "metadata": { "name": "loop" },
+                "spec": { "source": { "upload": {} } },
+            }))?,
+        )
+        .await
+        .context("creating SealedVolume loop")?;
+    let seed = run_seed().wrapping_add(300);
+    let dir = tempfile::tempdir()?;
+    let content = format!("loop-{seed:016x}");
+    let data = sealed_e2e::pseudo_random(4 << 20, seed);
+    std::fs::write(dir.path().join("version.txt"), format!("{content}\n"))?;
+    std::fs::write(dir.path().join("data.bin"), &data)?;
+    let reads_as = format!("{content} {:x}", sha2::Sha256::digest(&data));
+    let opts = PushOptions {
+        volume: Some(format!("{}/loop", f.ns)),
+        ..Default::default()
+    };
+    let digest = push(&f.store, dir.path(), &opts, Arc::new(NoProgress))
+        .await?
+        .digest;
+    let want = digest.to_string();
+    let versions = f.versions();
+    wait_for(
+        &format!("a Ready SealedVolumeVersion with {want}"),
+        Duration::from_secs(120),
+        || async {
+            Ok(versions
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .any(|v| {
+                    v.spec.digest == want
+                        && v.status
+                            .as_ref()
+                            .and_then(|s| s.condition(sealed_crds::CONDITION_READY))
+                            .is_some_and(|c| c.status == "True")
+                }))
+        },
+    )
+    .await?;
+
+    let nodes = [FIRST_NODE, SECOND_NODE];
+    let names: Vec<String> = nodes.iter().map(|n| format!("loop-{n}")).collect();
+    for (name, node) in names.iter().zip(nodes) {
+        f.pods()
+            .create(
+                &PostParams::default(),
+                &loop_reader_pod(name, node, &digest)?,
+            )
+            .await
+            .with_context(|| format!("creating loop reader {name}"))?;
+    }
+    let start = epoch_now();
+    wait_for(
+        "both loop readers reading the version",
+        Duration::from_secs(120),
+        || async {
+            for name in &names {
+                let ok = match reads_of(f, name, start.saturating_sub(60)).await {
+                    Ok(r) => r.iter().filter(|r| r.result.is_ok()).count(),
+                    Err(_) => 0,
+                };
+                if ok < 2 {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        },
+    )
+    .await?;
+
+    // The new image: the plugin's bytes under a second tag, in both nodes' containerd.
+    let from = format!("sealed.local/sealed-csi:{IMAGE_TAG}");
+    let to = format!("sealed.local/sealed-csi:{IMAGE_TAG_AFTER}");
+    for node in nodes {
+        tag_image_on(node, &from, &to)?;
+    }
+    let before = plugin_states(f).await?;
+    let since = epoch_now();
+    let upgraded = Instant::now();
+    release(f, "upgrade", &[format!("node.image.tag={IMAGE_TAG_AFTER}")])?;
+    say(format!(
+        "2 pods reading {digest} once a second (one per node); helm upgrade {RELEASE} with \
+         node.image.tag={IMAGE_TAG_AFTER} (the plugin's image re-tagged; the same values \
+         otherwise); plugin pods before: {:?}",
+        before
+            .iter()
+            .map(|(n, p)| (n, &p.0))
+            .collect::<BTreeMap<_, _>>()
+    ));
+
+    // Each node's roll: its old plugin pod gone (terminating or absent) -> a new one Ready.
+    let mut gone: BTreeMap<&str, Duration> = BTreeMap::new();
+    let mut ready: BTreeMap<&str, Duration> = BTreeMap::new();
+    let daemonsets: Api<DaemonSet> = Api::namespaced(f.client(), &f.ns);
+    let ds_name = format!("{RELEASE}-node");
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let now = plugin_states(f).await?;
+        for node in nodes {
+            let old = before.get(node).map(|p| p.0.as_str());
+            let current = now.get(node);
+            if current.map(|p| p.0.as_str()) != old {
+                gone.entry(node).or_insert_with(|| upgraded.elapsed());
+            }
+            if let Some((name, image, true)) = current
+                && Some(name.as_str()) != old
+                && image.ends_with(&format!(":{IMAGE_TAG_AFTER}"))
+            {
+                ready.entry(node).or_insert_with(|| upgraded.elapsed());
+            }
+        }
+        let s = daemonsets.get(&ds_name).await?.status.unwrap_or_default();
+        if ready.len() == nodes.len()
+            && s.desired_number_scheduled == 2
+            && s.number_ready == 2
+            && s.updated_number_scheduled == Some(2)
+        {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the plugin DaemonSet did not roll to :{IMAGE_TAG_AFTER} on both nodes within 180 s: \
+             pods {now:?}, gone {gone:?}, ready {ready:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let rolled = upgraded.elapsed();
+    let mut rolls = Vec::new();
+    for node in nodes {
+        let (g, r) = (gone.get(node).copied(), ready.get(node).copied());
+        let (Some(g), Some(r)) = (g, r) else {
+            bail!("no roll seen on {node}: gone {g:?}, ready {r:?}");
+        };
+        rolls.push(format!(
+            "{node}: old pod gone at {:.1} s, new pod Ready at {:.1} s ({:.1} s without a \
+             ready plugin)",
+            g.as_secs_f64(),
+            r.as_secs_f64(),
+            r.saturating_sub(g).as_secs_f64()
+        ));
+    }
+    say(format!(
+        "the plugin DaemonSet rolled to :{IMAGE_TAG_AFTER} across both nodes in {:.1} s (from \
+         helm upgrade): {}",
+        rolled.as_secs_f64(),
+        rolls.join("; ")
+    ));
+
+    // Every read from the upgrade to after the roll: none failed, none read other bytes.
+    let done = epoch_now();
+    let mut lines = Vec::new();
+    for name in &names {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let all = loop {
+            let all = reads_of(f, name, since).await?;
+            if all.iter().any(|r| r.at > done) {
+                break all;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "{name} has not read since the roll ended (last: {:?})",
+                all.last()
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        let bad: Vec<&Read> = all
+            .iter()
+            .filter(|r| r.result.as_ref() != Ok(&reads_as))
+            .collect();
+        let failed = all.iter().filter(|r| r.result.is_err()).count();
+        let pause = all
+            .windows(2)
+            .map(|w| w[1].at.saturating_sub(w[0].at))
+            .max()
+            .unwrap_or(0);
+        lines.push(format!(
+            "{name}: {} reads, {failed} failed, {} wrong bytes, longest pause {pause} s",
+            all.len(),
+            bad.len().saturating_sub(failed)
+        ));
+        ensure!(
+            bad.is_empty(),
+            "{name}: {} of {} reads from the upgrade on failed or read other bytes; first: {:?}",
+            bad.len(),
+            all.len(),
+            bad.first()
+        );
+    }
+    say(format!(
+        "no read failed across the roll, every read right (version.txt and data.bin's \
+         SHA-256), reads up to {}s after it: {}; step {:.0} s",
+        epoch_now().saturating_sub(done),
+        lines.join("; "),
+        t.elapsed().as_secs_f64()
+    ));
+    for name in &names {
+        f.pods().delete(name, &DeleteParams::default()).await?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
 // Diagnostics and cleanup
 
 async fn dump_state(f: &Fleet) {
@@ -1055,17 +1350,13 @@ async fn cleanup(f: &Fleet) {
         say(format!("cleanup: {e:#}"));
     }
     // The images this test imported into the first node (the extra nodes' go with them).
-    let sock = sealed_e2e::cluster_dir().join("run/containerd.sock");
-    let _ = Command::new("ctr")
-        .arg("--address")
-        .arg(&sock)
-        .args(["-n", "k8s.io", "images", "rm"])
-        .args([
+    remove_images_on(
+        FIRST_NODE,
+        &[
             format!("sealed.local/sealed-operator:{IMAGE_TAG}"),
             format!("sealed.local/sealed-csi:{IMAGE_TAG}"),
+            format!("sealed.local/sealed-csi:{IMAGE_TAG_AFTER}"),
             READER_IMAGE.to_string(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
+        ],
+    );
 }
