@@ -170,11 +170,15 @@ while :; do
   sleep 1
 done"#;
 
+/// Where a [`Gate`] directory is mounted in a gated reader pod.
+pub const GATE_MOUNT: &str = "/gate";
+
 /// What a reader pod that finishes runs: [`READER_SCRIPT`]'s read once a second, until the
-/// [`Gate`] at `gate` answers `go` (asked after each read, so every pod reads at least once);
-/// then it exits 0. A Job's pods run it: the first ones keep running (and reading) until the
-/// test opens the gate, so the pods that replace them are created after that.
-pub fn gated_reader_script(gate: std::net::SocketAddr) -> String {
+/// [`Gate`] mounted at [`GATE_MOUNT`] is open (looked at after each read, so every pod reads
+/// at least once); then it exits 0. A Job's pods run it: the first ones keep running (and
+/// reading) until the test opens the gate, so the pods that replace them are created after
+/// that.
+pub fn gated_reader_script() -> String {
     format!(
         r#"i=0
 while :; do
@@ -184,68 +188,54 @@ while :; do
   else
     echo "read $i $(date +%s) failed: $v $s" | tr '\n' ' '; echo
   fi
-  [ "$(wget -q -T 2 -O - http://{gate}/ 2>/dev/null)" = go ] && exit 0
+  [ -e {GATE_MOUNT}/open ] && exit 0
   sleep 1
 done"#
     )
 }
 
-/// A one-bit HTTP server pods can ask (`wget -O - http://ADDR/`): it answers `wait` until
-/// [`Gate::open`], then `go`. Stops when dropped.
+/// A one-bit signal to pods: a host directory they mount (`hostPath`; every node of the test
+/// cluster runs on this machine) in which [`Gate::open`] creates the file `open`. (A gate
+/// the pods asked over HTTP failed: the busybox image's `wget` crashed in the pods.) The
+/// directory is removed when the gate drops.
 pub struct Gate {
-    addr: std::net::SocketAddr,
-    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
+    dir: std::path::PathBuf,
 }
 
 impl Gate {
-    /// Listens on `listen` (port 0: any).
-    pub async fn start(listen: std::net::SocketAddr) -> Result<Gate> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind(listen)
-            .await
-            .with_context(|| format!("cannot listen on {listen}"))?;
-        let addr = listener.local_addr()?;
-        let open = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = open.clone();
-        let task = tokio::spawn(async move {
-            while let Ok((mut conn, _)) = listener.accept().await {
-                let flag = flag.clone();
-                tokio::spawn(async move {
-                    // The request line and headers (a wget request is one small packet).
-                    let mut buf = [0u8; 1024];
-                    let _ = conn.read(&mut buf).await;
-                    let body = if flag.load(std::sync::atomic::Ordering::SeqCst) {
-                        "go"
-                    } else {
-                        "wait"
-                    };
-                    let reply = format!(
-                        "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\
-                         Connection: close\r\n\r\n{body}",
-                        body.len()
-                    );
-                    let _ = conn.write_all(reply.as_bytes()).await;
-                    let _ = conn.shutdown().await;
-                });
-            }
-        });
-        Ok(Gate { addr, open, task })
+    /// A closed gate in a fresh directory under the system's temporary directory.
+    pub fn new() -> Result<Gate> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let dir =
+            std::env::temp_dir().join(format!("sealed-e2e-gate-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create the gate {}", dir.display()))?;
+        Ok(Gate { dir })
     }
 
-    pub fn addr(&self) -> std::net::SocketAddr {
-        self.addr
+    /// The host directory pods mount at [`GATE_MOUNT`].
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
     }
 
-    /// From now on the gate answers `go`.
-    pub fn open(&self) {
-        self.open.store(true, std::sync::atomic::Ordering::SeqCst);
+    /// True once [`Gate::open`] ran.
+    pub fn is_open(&self) -> bool {
+        self.dir.join("open").exists()
+    }
+
+    /// From now on the pods see the gate open.
+    pub fn open(&self) -> Result<()> {
+        std::fs::write(self.dir.join("open"), b"go\n")
+            .with_context(|| format!("cannot open the gate {}", self.dir.display()))
     }
 }
 
 impl Drop for Gate {
     fn drop(&mut self) {
-        self.task.abort();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -297,35 +287,20 @@ pub fn epoch_now() -> u64 {
 mod tests {
     use super::*;
 
-    async fn ask(gate: &Gate) -> String {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut conn = tokio::net::TcpStream::connect(gate.addr())
-            .await
-            .expect("connect to the gate");
-        conn.write_all(b"GET / HTTP/1.0\r\n\r\n")
-            .await
-            .expect("request");
-        let mut reply = String::new();
-        conn.read_to_string(&mut reply).await.expect("reply");
-        reply
-            .split("\r\n\r\n")
-            .nth(1)
-            .unwrap_or_default()
-            .to_string()
-    }
-
-    #[tokio::test]
-    async fn the_gate_says_wait_until_opened() {
-        let gate = Gate::start("127.0.0.1:0".parse().expect("addr"))
-            .await
-            .expect("gate");
-        assert_eq!(ask(&gate).await, "wait");
-        gate.open();
-        assert_eq!(ask(&gate).await, "go");
-        let script = gated_reader_script(gate.addr());
+    #[test]
+    fn the_gate_is_closed_until_opened_and_the_script_looks_at_it() {
+        let gate = Gate::new().expect("gate");
+        assert!(gate.dir().is_dir());
+        assert!(!gate.is_open());
+        gate.open().expect("open");
+        assert!(gate.is_open());
+        let script = gated_reader_script();
         assert!(
-            script.contains(&format!("http://{}/", gate.addr())) && script.contains("${s%% *}")
+            script.contains(&format!("[ -e {GATE_MOUNT}/open ]")) && script.contains("${s%% *}")
         );
+        let dir = gate.dir().to_path_buf();
+        drop(gate);
+        assert!(!dir.exists());
     }
 
     #[test]

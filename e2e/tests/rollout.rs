@@ -15,7 +15,7 @@
 //!    moves back: `follow` rolls back, every pod reads v1; `web` is untouched.
 //!    Beside them, on the same tag and the same moves: a StatefulSet `db` (2 replicas) and a Job
 //!    `train` (parallelism 2, completions 4) whose pods read until the test opens a gate (a
-//!    one-bit HTTP server on the node's address), then exit. When the tag moves to v2, `db-0`
+//!    file in a host directory they mount), then exit. When the tag moves to v2, `db-0`
 //!    is deleted and `db` scales to 3, and the gate opens, so `train`'s last 2 pods are created
 //!    after the move: the StatefulSet's 3 pods (its one ControllerRevision) and the Job's 4
 //!    pods each read v1 bytes, the version their revision was admitted with.
@@ -72,8 +72,8 @@ use sealed_e2e::fleet::{
     CountingProxy, FIRST_NODE, FIRST_NODE_IP, Helm, metric_sum, scrape, workspace_binary,
 };
 use sealed_e2e::upgrade::{
-    CHART, Gate, MOUNT, READER_SCRIPT, Read, epoch_now, export_chart, gated_reader_script,
-    previous_chart, reads, remove_images, tag_image,
+    CHART, GATE_MOUNT, Gate, MOUNT, READER_SCRIPT, Read, epoch_now, export_chart,
+    gated_reader_script, previous_chart, reads, remove_images, tag_image,
 };
 use sealed_e2e::{BUSYBOX_IMAGE, Cluster, wait_for};
 use sealed_store::push::{PushOptions, push};
@@ -231,7 +231,7 @@ async fn tags_roll_with_their_workloads_and_the_chart_upgrades_under_readers() {
             ns,
             store,
             proxy,
-            gate: Gate::start(format!("{FIRST_NODE_IP}:0").parse()?).await?,
+            gate: Gate::new()?,
             previous: previous_dir,
             previous_why: format!("{:.10}: {}", previous.commit, previous.why),
         };
@@ -557,14 +557,26 @@ fn statefulset(replicas: i32) -> Result<StatefulSet> {
 }
 
 /// Job `train`: its pods read until the gate opens, then succeed.
-fn job(gate: SocketAddr) -> Result<Job> {
+fn job(gate: &Gate) -> Result<Job> {
+    let mut template = reader_template(JOB, &gated_reader_script(), true);
+    template["spec"]["containers"][0]["volumeMounts"]
+        .as_array_mut()
+        .context("the reader template mounts volumes")?
+        .push(serde_json::json!({ "name": "gate", "mountPath": GATE_MOUNT, "readOnly": true }));
+    template["spec"]["volumes"]
+        .as_array_mut()
+        .context("the reader template has volumes")?
+        .push(serde_json::json!({
+            "name": "gate",
+            "hostPath": { "path": gate.dir(), "type": "Directory" },
+        }));
     Ok(serde_json::from_value(serde_json::json!({
         "metadata": { "name": JOB },
         "spec": {
             "parallelism": JOB_PARALLELISM,
             "completions": JOB_COMPLETIONS,
             "backoffLimit": 0,
-            "template": reader_template(JOB, &gated_reader_script(gate), true),
+            "template": template,
         },
     }))?)
 }
@@ -815,7 +827,7 @@ async fn tags_and_rollouts(bed: &Bed, v1: &Version, v2: &Version) -> Result<()> 
         .await
         .context("creating StatefulSet db")?;
     bed.jobs()
-        .create(&PostParams::default(), &job(bed.gate.addr())?)
+        .create(&PostParams::default(), &job(&bed.gate)?)
         .await
         .context("creating Job train")?;
     wait_rolled_out(bed, "web", 4).await?;
@@ -905,7 +917,7 @@ async fn tags_and_rollouts(bed: &Bed, v1: &Version, v2: &Version) -> Result<()> 
         .await
         .with_context(|| format!("deleting pod {db_victim}"))?;
     scale_statefulset(bed, 3).await?;
-    bed.gate.open();
+    bed.gate.open()?;
     say(format!(
         "after the tag moved: web scaled to 6 and its pod {victim} deleted; {db_victim} deleted \
          and {STATEFULSET} scaled to 3; the gate open, {JOB}'s first pods finish"
@@ -1004,8 +1016,8 @@ async fn job_after_move(bed: &Bed, v1: &Version, before: &BTreeMap<String, Strin
     let jobs = bed.jobs();
     wait_for(
         &format!(
-            "Job {JOB} to complete (its pods finish once they reach the gate at {})",
-            bed.gate.addr()
+            "Job {JOB} to complete (its pods finish once they see the gate {} open)",
+            bed.gate.dir().display()
         ),
         TIMEOUT,
         || async {
