@@ -604,6 +604,8 @@ fn rbac_is_least_privilege() -> Result<()> {
         );
         expect(OPERATOR, "sealedvolumeversions/finalizers", &["update"]);
         expect(OPERATOR, "secrets", &["get"]);
+        // spec.verify's keys and CA bundles may be in ConfigMaps (docs/provenance.md).
+        expect(OPERATOR, "configmaps", &["get"]);
         expect(OPERATOR, "events", &["create", "patch"]);
         // The pod webhook (docs/csi.md, "Tags and rollouts"): a revision's resolved tags are
         // recorded on its ReplicaSet, Job or ControllerRevision; following workloads get
