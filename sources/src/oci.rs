@@ -1395,7 +1395,11 @@ mod tests {
         assert!(t.hidden("m/opq/old"));
         assert!(t.hidden("m/x/below"));
         assert!(!t.hidden("m/other"));
-        assert!(!t.hidden("m/opq"));
+        // A lower entry at a path the upper layer holds is hidden (the upper one stands); a
+        // sibling whose name merely starts like the opaque directory's is not.
+        assert!(t.hidden("m/opq"));
+        assert!(!t.hidden("m/opqx"));
+        assert!(!t.hidden("m/opqx/file"));
     }
 
     #[test]
