@@ -10,6 +10,8 @@ use sha1::Sha1;
 use sha2::{Digest as _, Sha256};
 use tokio::io::{AsyncRead, ReadBuf};
 
+use crate::error::SourceError;
+
 /// One file to stream: where it lands in the version and what the source promised.
 #[derive(Clone, Debug)]
 pub(crate) struct RemoteFile {
@@ -141,6 +143,39 @@ impl<R: AsyncRead + Unpin> AsyncRead for Tap<R> {
             Poll::Pending => Poll::Pending,
         }
     }
+}
+
+/// A request to a source that got no answer: what to retry with (the failure, redacted), or
+/// the error to stop with. An address the policy refuses (a name that resolves there, a
+/// redirect hop) is permanent and the tenant's to change; a refused redirect (https to http,
+/// too many) cannot be helped by retrying; anything else is retried unless this was the
+/// `last` attempt. `what` names the source and the object asked for.
+pub(crate) fn send_failure(
+    e: &reqwest::Error,
+    what: &str,
+    secrets: &[String],
+    last: bool,
+) -> Result<String, SourceError> {
+    if let Some(refused) = crate::egress::refused_in(e) {
+        return Err(SourceError::Refused(format!(
+            "{what}: {}",
+            crate::redact::redact(&refused.to_string(), secrets)
+        )));
+    }
+    let detail = crate::redact::redact(&crate::redact::error_chain(e), secrets);
+    if e.is_redirect() {
+        return Err(SourceError::Protocol {
+            what: what.to_owned(),
+            detail,
+        });
+    }
+    if last {
+        return Err(SourceError::Unavailable {
+            what: what.to_owned(),
+            detail,
+        });
+    }
+    Ok(detail)
 }
 
 #[cfg(test)]

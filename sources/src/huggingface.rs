@@ -34,12 +34,12 @@ use serde::Deserialize;
 use tokio_util::io::StreamReader;
 use url::Url;
 
-use super::egress::{GuardedResolver, refused_in};
+use super::egress::GuardedResolver;
 use super::limits::{
     BodyError, ListingBudget, MAX_ERROR_BODY_BYTES, MAX_METADATA_BYTES, read_capped, read_prefix,
 };
 use crate::credentials::SourceCredentials;
-use crate::download::{RemoteFile, Tap, backoff, short, size_mismatch};
+use crate::download::{RemoteFile, Tap, backoff, send_failure, short, size_mismatch};
 use crate::error::SourceError;
 use crate::limits::SourceLimits;
 use crate::options::SyncOptions;
@@ -464,33 +464,12 @@ impl HubSource {
                     }
                     format!("HTTP {status}")
                 }
-                // An address the policy refuses (a name that resolves there, a redirect hop):
-                // permanent, and the tenant's to change.
-                Err(e) if refused_in(&e).is_some() => {
-                    let refused = refused_in(&e).map(|r| r.to_string()).unwrap_or_default();
-                    return Err(SourceError::Refused(format!(
-                        "{} ({what}): {}",
-                        self.describe(),
-                        redact(&refused, &self.secrets)
-                    )));
-                }
-                Err(e) if e.is_redirect() => {
-                    // A refused redirect (https to http, too many): retrying cannot help.
-                    return Err(SourceError::Protocol {
-                        what: format!("{} ({what})", self.describe()),
-                        detail: redact(&error_chain(&e), &self.secrets),
-                    });
-                }
-                Err(e) => {
-                    let detail = redact(&error_chain(&e), &self.secrets);
-                    if attempt >= self.retries {
-                        return Err(SourceError::Unavailable {
-                            what: format!("{} ({what})", self.describe()),
-                            detail,
-                        });
-                    }
-                    detail
-                }
+                Err(e) => send_failure(
+                    &e,
+                    &format!("{} ({what})", self.describe()),
+                    &self.secrets,
+                    attempt >= self.retries,
+                )?,
             };
             attempt += 1;
             tracing::debug!(source = %self.describe(), what, attempt, failure = %failure, "retrying");

@@ -45,7 +45,7 @@ use tokio_util::io::StreamReader;
 use url::Url;
 
 use crate::credentials::SourceCredentials;
-use crate::download::{RemoteFile, Tap, backoff, short, size_mismatch};
+use crate::download::{RemoteFile, Tap, backoff, send_failure, short, size_mismatch};
 use crate::egress::{GuardedResolver, refused_in};
 use crate::error::SourceError;
 use crate::limits::{
@@ -1019,30 +1019,12 @@ impl OciSource {
                     }
                     format!("HTTP {status}")
                 }
-                Err(e) if refused_in(&e).is_some() => {
-                    let refused = refused_in(&e).map(|r| r.to_string()).unwrap_or_default();
-                    return Err(SourceError::Refused(format!(
-                        "{} ({what}): {}",
-                        self.describe(),
-                        redact(&refused, &self.secrets)
-                    )));
-                }
-                Err(e) if e.is_redirect() => {
-                    return Err(SourceError::Protocol {
-                        what: format!("{} ({what})", self.describe()),
-                        detail: redact(&error_chain(&e), &self.secrets),
-                    });
-                }
-                Err(e) => {
-                    let detail = redact(&error_chain(&e), &self.secrets);
-                    if attempt >= self.retries {
-                        return Err(SourceError::Unavailable {
-                            what: format!("{} ({what})", self.describe()),
-                            detail,
-                        });
-                    }
-                    detail
-                }
+                Err(e) => send_failure(
+                    &e,
+                    &format!("{} ({what})", self.describe()),
+                    &self.secrets,
+                    attempt >= self.retries,
+                )?,
             };
             attempt += 1;
             tracing::debug!(source = %self.describe(), what, attempt, failure = %failure, "retrying");
